@@ -1,0 +1,30 @@
+"""The `cuda-agent` console command: a thin Typer app that mounts each package's subcommands.
+
+Each package owns its commands in its own `cli.py` (e.g. `sandbox/cli.py`); this module only wires them
+together, importing lazily enough that `cuda-agent --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="cuda-agent",
+    help="Agentic RL for CUDA kernel generation (learner, actors, sandbox, tasks).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _mount() -> None:
+    """Register the subcommands that exist. A package adds itself here once its command works."""
+
+
+def main() -> None:
+    _mount()
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+import dataclasses
+
+import pytest
+
+from cuda_agent.config import ConfigError, load_config, to_yaml
+
+
+@dataclasses.dataclass
+class _Inner:
+    timeout_s: float = 1.0
+
+
+@dataclasses.dataclass
+class _Cfg:
+    name: str = "a"
+    workers: int = 2
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+
+
+def test_layers_merge_in_order(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("workers: 4\ninner:\n  timeout_s: 3.5\n")
+    cfg = load_config(_Cfg, p, ["name=b", "inner.timeout_s=7"])
+    assert isinstance(cfg, _Cfg) and isinstance(cfg.inner, _Inner)
+    assert (cfg.name, cfg.workers, cfg.inner.timeout_s) == ("b", 4, 7.0)
+    assert "timeout_s: 7.0" in to_yaml(cfg)
+
+
+def test_unknown_key_and_bad_type_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope"):
+        load_config(_Cfg, None, ["nope=1"])
+    with pytest.raises(ConfigError, match="workers"):
+        load_config(_Cfg, None, ["workers=many"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(_Cfg, None, ["workers"])
+
+
+def test_validation_runs():
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        load_config(_Cfg, None, ["workers=0"])
