@@ -1,0 +1,355 @@
+"""The launcher a solution's `model_new.py` imports to call its own kernels on torch tensors.
+
+Usage in `model_new.py` (the full contract is in `sandbox/FORMATS.md`)::
+
+    from sandbox.runtime import load_kernels
+    K = load_kernels()                       # every extern "C" entry point of the built kernels/
+    K.relu(x, out, n, grid=((n + 255) // 256,), block=(256,))   # cubin format, CUDA tensors
+    K.relu(x, out, n)                                          # cpu format, CPU tensors
+
+    from sandbox.runtime import load_extension                  # extension format (kernels/*_binding.cpp)
+    ext = load_extension()
+    ext.forward(x)
+
+Each launcher checks its arguments against the entry point's C signature (parsed from the source by
+`sandbox.signature`) before it launches: pointer parameters take contiguous torch tensors of the pointee's dtype
+(`void*` takes any dtype) on the right device (CPU for the cpu format, torch's current CUDA device for cubin);
+scalar parameters take Python numbers that fit the C type. A mismatch raises `LaunchArgumentError` naming the
+kernel and the parameter.
+
+cubin launches go through the CUDA driver API (`cuLaunchKernel`, via ctypes on libcuda) in torch's primary
+context on torch's current stream (`torch.cuda.current_stream().cuda_stream`), so they order with torch's own
+work and with the harness's CUDA events. PyCUDA is not used for the launch itself: it can only launch on streams it
+created, not on a stream handle owned by torch. cpu launches are ctypes calls into the built shared library (ctypes
+releases the GIL during the call; OpenMP inside the kernel is allowed).
+
+Where the kernels come from: the sandbox builds them before `model_new.py` is imported and points
+`$CUDA_AGENT_KERNELS_MANIFEST` at the build's manifest (JSON: format, artefact paths, parsed entry points).
+Outside the sandbox (a person trying a solution by hand), `load_kernels(src_dir="kernels", fmt="cpu")` builds
+`kernels/` on the spot with the same builder.
+
+Each launch is counted in `launch_counts` (kernel name -> launches) so the harness can tell a decoy kernel that is
+never launched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable
+
+from sandbox.signature import SCALAR_TYPES, KernelSignature
+
+MANIFEST_ENV = "CUDA_AGENT_KERNELS_MANIFEST"
+
+launch_counts: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+class LaunchArgumentError(TypeError):
+    """A launcher was called with arguments that do not fit the kernel's C signature."""
+
+
+class KernelLaunchError(RuntimeError):
+    """The CUDA driver refused a launch (bad configuration, too much shared memory, ...)."""
+
+
+_CTYPES_INT = {
+    (8, True): ctypes.c_int8,
+    (8, False): ctypes.c_uint8,
+    (16, True): ctypes.c_int16,
+    (32, True): ctypes.c_int32,
+    (32, False): ctypes.c_uint32,
+    (64, True): ctypes.c_int64,
+    (64, False): ctypes.c_uint64,
+}
+
+
+def _scalar(sig: KernelSignature, idx: int, value: Any) -> Any:
+    p = sig.params[idx]
+    kind, bits, signed = SCALAR_TYPES[p.ctype]
+    label = f"{sig.name}: argument {idx} ({p.ctype} {p.name})".rstrip()
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        raise LaunchArgumentError(f"{label} is a scalar parameter; pass a Python number, not a tensor")
+    if kind == "bool":
+        if not isinstance(value, (bool, int)):
+            raise LaunchArgumentError(f"{label} expects bool, got {type(value).__name__}")
+        return ctypes.c_bool(bool(value))
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise LaunchArgumentError(f"{label} expects a number, got {type(value).__name__}")
+        return (ctypes.c_float if bits == 32 else ctypes.c_double)(float(value))
+    if isinstance(value, bool) or not isinstance(value, int):
+        if hasattr(value, "__index__"):
+            value = value.__index__()
+        else:
+            raise LaunchArgumentError(f"{label} expects an int, got {type(value).__name__}")
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not lo <= value <= hi:
+        raise LaunchArgumentError(f"{label} = {value} does not fit in {p.ctype}")
+    return _CTYPES_INT[(bits, signed)](value)
+
+
+def _pointer(sig: KernelSignature, idx: int, value: Any, device: str) -> ctypes.c_void_p:
+    import torch
+
+    p = sig.params[idx]
+    label = f"{sig.name}: argument {idx} ({'const ' if p.const else ''}{p.ctype}* {p.name})".rstrip()
+    if value is None:
+        return ctypes.c_void_p(0)
+    if not isinstance(value, torch.Tensor):
+        raise LaunchArgumentError(f"{label} expects a torch tensor, got {type(value).__name__}")
+    if device == "cpu":
+        if value.device.type != "cpu":
+            raise LaunchArgumentError(f"{label}: tensor is on {value.device}, the cpu format needs CPU tensors")
+    else:
+        if value.device.type != "cuda" or value.device.index != torch.cuda.current_device():
+            raise LaunchArgumentError(
+                f"{label}: tensor is on {value.device}, the kernel runs on cuda:{torch.cuda.current_device()}"
+            )
+    if p.dtype != "any" and str(value.dtype) != f"torch.{p.dtype}":
+        raise LaunchArgumentError(f"{label}: tensor dtype is {value.dtype}, the kernel expects torch.{p.dtype}")
+    if not value.is_contiguous():
+        raise LaunchArgumentError(f"{label}: tensor is not contiguous (call .contiguous() first)")
+    return ctypes.c_void_p(value.data_ptr())
+
+
+def _convert(sig: KernelSignature, args: tuple, device: str) -> list:
+    if len(args) != len(sig.params):
+        raise LaunchArgumentError(f"{sig.describe()} takes {len(sig.params)} arguments, got {len(args)}")
+    return [
+        _pointer(sig, i, a, device) if sig.params[i].pointer else _scalar(sig, i, a) for i, a in enumerate(args)
+    ]
+
+
+def _count(name: str) -> None:
+    with _lock:
+        launch_counts[name] = launch_counts.get(name, 0) + 1
+
+
+def _dims(label: str, what: str, v: Any) -> tuple[int, int, int]:
+    if isinstance(v, int):
+        v = (v,)
+    try:
+        t = tuple(int(x) for x in v)
+    except TypeError:
+        raise LaunchArgumentError(f"{label}: {what} must be an int or a tuple of 1-3 ints, got {v!r}") from None
+    if not 1 <= len(t) <= 3 or any(x < 1 for x in t):
+        raise LaunchArgumentError(f"{label}: {what} must be 1-3 positive ints, got {v!r}")
+    return t + (1,) * (3 - len(t))  # type: ignore[return-value]
+
+
+class CpuKernel:
+    """A host entry point in a shared library: `kernel(*args)` runs it synchronously on the calling thread."""
+
+    def __init__(self, sig: KernelSignature, lib: ctypes.CDLL):
+        self.signature = sig
+        self._fn = getattr(lib, sig.name)
+        self._fn.restype = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs:
+            raise LaunchArgumentError(
+                f"{self.signature.name}: the cpu format takes no keyword arguments (got {sorted(kwargs)}); "
+                "grid/block are for cubin kernels"
+            )
+        vals = _convert(self.signature, args, "cpu")
+        _count(self.signature.name)
+        self._fn(*vals)
+
+
+class _Driver:
+    """The few CUDA driver API calls the cubin launcher needs, through ctypes on libcuda."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.lib.cuLaunchKernel.argtypes = [
+            ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+        ]
+        self.lib.cuModuleLoad.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+        self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+        self.lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self.lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self.lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        self.lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        self.check(self.lib.cuInit(0), "cuInit")
+        self._ctx: dict[int, int] = {}
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise KernelLaunchError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
+
+    def primary_context(self, device: int) -> int:
+        """Make torch's primary context of `device` current on this thread; return its handle."""
+        ctx = self._ctx.get(device)
+        if ctx is None:
+            h = ctypes.c_void_p()
+            self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(h), device), "cuDevicePrimaryCtxRetain")
+            ctx = self._ctx[device] = h.value or 0
+        cur = ctypes.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if (cur.value or 0) != ctx:
+            self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        return ctx
+
+
+_driver: _Driver | None = None
+
+
+def _get_driver() -> _Driver:
+    global _driver
+    if _driver is None:
+        import torch
+
+        torch.cuda.init()  # torch creates / retains the primary context first
+        _driver = _Driver()
+    return _driver
+
+
+class CubinKernel:
+    """A `__global__` entry point of a cubin: `kernel(*args, grid=..., block=..., shared_mem=0)`.
+
+    Launches asynchronously on torch's current stream of torch's current device (as any torch op does).
+    Raises LaunchArgumentError for bad arguments, KernelLaunchError when the driver refuses the launch.
+    """
+
+    def __init__(self, sig: KernelSignature, cubin_path: str):
+        self.signature = sig
+        self._path = cubin_path
+        self._funcs: dict[int, int] = {}
+        self._modules: dict[int, int] = {}
+
+    def _function(self, drv: _Driver, device: int) -> int:
+        f = self._funcs.get(device)
+        if f is None:
+            mod = _module_cache.get((self._path, device))
+            if mod is None:
+                h = ctypes.c_void_p()
+                drv.check(drv.lib.cuModuleLoad(ctypes.byref(h), self._path.encode()), f"cuModuleLoad({Path(self._path).name})")
+                mod = _module_cache[(self._path, device)] = h.value or 0
+            fh = ctypes.c_void_p()
+            drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(fh), mod, self.signature.name.encode()),
+                      f"cuModuleGetFunction({self.signature.name})")
+            f = self._funcs[device] = fh.value or 0
+        return f
+
+    def __call__(self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0, **kwargs: Any) -> None:
+        import torch
+
+        name = self.signature.name
+        if kwargs:
+            raise LaunchArgumentError(f"{name}: unknown keyword argument(s) {sorted(kwargs)} (grid, block, shared_mem)")
+        if grid is None or block is None:
+            raise LaunchArgumentError(f"{name}: a cubin launch needs grid=... and block=...")
+        g, b = _dims(name, "grid", grid), _dims(name, "block", block)
+        if b[0] * b[1] * b[2] > 1024:
+            raise LaunchArgumentError(f"{name}: block {b} has more than 1024 threads")
+        if not isinstance(shared_mem, int) or shared_mem < 0:
+            raise LaunchArgumentError(f"{name}: shared_mem must be a non-negative int (bytes)")
+        vals = _convert(self.signature, args, "cuda")
+        drv = _get_driver()
+        device = torch.cuda.current_device()
+        drv.primary_context(device)
+        f = self._function(drv, device)
+        if shared_mem > 48 * 1024:
+            drv.check(drv.lib.cuFuncSetAttribute(f, 8, shared_mem), f"{name}: set max dynamic shared memory")
+        params = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        stream = torch.cuda.current_stream(device).cuda_stream
+        _count(name)
+        drv.check(drv.lib.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, params, None),
+                  f"launch of {name} grid={g} block={b} shared_mem={shared_mem}")
+
+
+_module_cache: dict[tuple[str, int], int] = {}
+
+
+class Kernels:
+    """The entry points of a build, as attributes (`K.relu(...)`); `K.names` lists them."""
+
+    def __init__(self, kernels: dict[str, Any], fmt: str):
+        self._kernels = kernels
+        self.format = fmt
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._kernels)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._kernels[name]
+        except KeyError:
+            raise AttributeError(
+                f"no kernel named {name!r} in the build (entry points: {', '.join(self.names) or 'none'}); "
+                'entry points need extern "C" (and __global__ for .cu files)'
+            ) from None
+
+    def __dir__(self) -> Iterable[str]:
+        return list(super().__dir__()) + self.names
+
+
+def read_manifest(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The build manifest at `path` or `$CUDA_AGENT_KERNELS_MANIFEST`. Raises FileNotFoundError when neither is set."""
+    p = path or os.environ.get(MANIFEST_ENV)
+    if not p:
+        raise FileNotFoundError(f"no kernel build: ${MANIFEST_ENV} is not set and no manifest was given")
+    return json.loads(Path(p).read_text())
+
+
+def load_kernels(manifest: str | os.PathLike | None = None, *, src_dir: str | os.PathLike | None = None,
+                 fmt: str | None = None) -> Kernels:
+    """Load every entry point of the solution's built kernels.
+
+    Args:
+      manifest: build manifest path; default `$CUDA_AGENT_KERNELS_MANIFEST` (set by the sandbox).
+      src_dir, fmt: outside the sandbox only: build `src_dir` (e.g. "kernels") in format `fmt` ("cpu" | "cubin")
+        on the spot, with the sandbox's builder and cache.
+    Returns: a `Kernels` object with one launcher per entry point.
+    Raises: FileNotFoundError (no build), LaunchArgumentError/KernelLaunchError later, at call time.
+    """
+    if manifest is None and not os.environ.get(MANIFEST_ENV) and src_dir is not None:
+        from sandbox.build import build_dir_for_dev
+
+        manifest = build_dir_for_dev(Path(src_dir), fmt or "cpu")
+    m = read_manifest(manifest)
+    kernels: dict[str, Any] = {}
+    for art in m["artifacts"]:
+        sigs = [KernelSignature.from_dict(s) for s in art["entry_points"]]
+        if art["kind"] == "so":
+            lib = ctypes.CDLL(art["path"], mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            for s in sigs:
+                kernels[s.name] = CpuKernel(s, lib)
+        elif art["kind"] == "cubin":
+            for s in sigs:
+                kernels[s.name] = CubinKernel(s, art["path"])
+    return Kernels(kernels, m["format"])
+
+
+def load_extension(manifest: str | os.PathLike | None = None) -> Any:
+    """The Python module built from `kernels/*.cu` + `kernels/*_binding.cpp` (extension format).
+
+    Raises FileNotFoundError when there is no extension build in the manifest.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    import torch  # noqa: F401  (the extension links against libtorch, which must be loaded first)
+
+    m = read_manifest(manifest)
+    for art in m["artifacts"]:
+        if art["kind"] == "ext":
+            loader = importlib.machinery.ExtensionFileLoader(art["module_name"], art["path"])
+            spec = importlib.util.spec_from_file_location(art["module_name"], art["path"], loader=loader)
+            assert spec is not None
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            return mod
+    raise FileNotFoundError("the build has no extension module (is this an extension-format solution?)")
