@@ -1,0 +1,209 @@
+"""Typed configuration of the learner: PPO, optimisers, mesh, checkpoints, buffer, stages.
+
+All dataclasses are frozen (hashable): the PPO and optimiser settings ride as static fields of the jitted
+train state, so equal configs share compiled code. Load them with `cuda_agent.config.load_config(LearnerConfig,
+path, overrides)`; presets live in `configs/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+STAGES = ("warm_start", "single_turn_ppo", "rft", "value_pretrain", "multi_turn_ppo")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """Loss and advantage settings of PPO (see `learner.ppo` for the formulas)."""
+
+    clip_eps: float = 0.2
+    """Lower clip range of the ratio pi_theta / pi_prox: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]."""
+    clip_eps_high: Optional[float] = None
+    """Upper clip range; None means clip_eps (symmetric clipping)."""
+    dual_clip_c: Optional[float] = None
+    """Dual-clip constant c > 1 (Ye et al. 2020) bounding the loss of negative-advantage tokens; None = off."""
+    value_clip_eps: Optional[float] = 0.2
+    """Clip range of the critic's new values around the values at update start; None = unclipped value loss."""
+    gamma: float = 1.0
+    """Discount per policy token (observation tokens do not discount; see `learner.ppo.gae`)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    normalize_advantages: bool = True
+    """Whiten advantages over the policy tokens of the whole update batch (mean 0, std 1)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the policy loss)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the frozen reference policy (added to the policy loss); 0 = no reference."""
+    kl_estimator: str = "k3"
+    """KL estimator per token, with r = pi_ref / pi_theta: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r."""
+    decoupled: bool = True
+    """Decoupled PPO (AReaL): clip against proximal logprobs recomputed at update start and weight tokens by
+    pi_prox / pi_behav. False = classic PPO that clips against the behaviour logprobs directly."""
+    behaviour_weight_cap: Optional[float] = 5.0
+    """Cap C of the importance weight pi_prox / pi_behav; None = uncapped."""
+    behaviour_weight_mode: str = "truncate"
+    """How the cap applies: truncate = min(w, C); mask = drop tokens with w > C (AReaL's code)."""
+    temperature: float = 1.0
+    """Sampling temperature of the actors; learner logprobs use the same temperature."""
+    max_policy_lag: int = 4
+    """A trajectory sampled with policy version v is dropped (and counted) when current version - v exceeds this."""
+    epochs: int = 1
+    """Passes over each update batch."""
+    minibatch_size: int = 8
+    """Sequences (rows) per optimiser step."""
+    microbatch_size: int = 8
+    """Sequences per forward/backward pass; minibatch_size / microbatch_size gradients are accumulated."""
+
+    def __post_init__(self):
+        _check(0 < self.clip_eps < 1, f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        _check(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high must be > 0 or None")
+        _check(self.dual_clip_c is None or self.dual_clip_c > 1, f"dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
+        _check(self.value_clip_eps is None or self.value_clip_eps > 0, "value_clip_eps must be > 0 or None")
+        _check(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}")
+        _check(0 <= self.lam <= 1, f"lam must be in [0, 1], got {self.lam}")
+        _check(self.entropy_coef >= 0 and self.kl_coef >= 0, "entropy_coef and kl_coef must be >= 0")
+        _check(self.kl_estimator in KL_ESTIMATORS, f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        _check(self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1, "behaviour_weight_cap must be >= 1 or None")
+        _check(
+            self.behaviour_weight_mode in BEHAVIOUR_WEIGHT_MODES,
+            f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {self.behaviour_weight_mode!r}",
+        )
+        _check(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
+        _check(self.max_policy_lag >= 0, f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
+        _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        _check(self.minibatch_size >= 1 and self.microbatch_size >= 1, "minibatch_size and microbatch_size must be >= 1")
+        _check(
+            self.minibatch_size % self.microbatch_size == 0,
+            f"minibatch_size ({self.minibatch_size}) must be a multiple of microbatch_size ({self.microbatch_size})",
+        )
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.minibatch_size // self.microbatch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm gradient clipping and a warm-up + decay learning-rate schedule (Optax)."""
+
+    lr: float = 1e-6
+    """Peak learning rate (reached at the end of warm-up)."""
+    warmup_steps: int = 10
+    """Optimiser steps of linear warm-up from 0 to lr."""
+    decay_steps: int = 10_000
+    """Optimiser steps of decay after warm-up (ignored by the constant schedule)."""
+    schedule: str = "cosine"
+    """Decay shape after warm-up: cosine, linear or constant."""
+    end_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of lr."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW)."""
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    grad_clip_norm: Optional[float] = 1.0
+    """Clip gradients to this global L2 norm; None = no clipping."""
+
+    def __post_init__(self):
+        _check(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
+        _check(self.warmup_steps >= 0 and self.decay_steps >= 1, "warmup_steps must be >= 0 and decay_steps >= 1")
+        _check(self.schedule in LR_SCHEDULES, f"schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        _check(0 <= self.end_lr_ratio <= 1, f"end_lr_ratio must be in [0, 1], got {self.end_lr_ratio}")
+        _check(self.weight_decay >= 0, "weight_decay must be >= 0")
+        _check(0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0, "need 0 <= b1, b2 < 1 and eps > 0")
+        _check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "grad_clip_norm must be > 0 or None")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh (data, fsdp, tensor). One axis may be -1: it takes the devices the others leave."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        _check(all(s == -1 or s >= 1 for s in sizes), f"mesh sizes must be >= 1 or -1, got {sizes}")
+        _check(sum(s == -1 for s in sizes) <= 1, f"at most one mesh axis may be -1, got {sizes}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints of the learner."""
+
+    directory: str = "checkpoints"
+    """Folder of the CheckpointManager (relative paths are under the run folder)."""
+    max_to_keep: int = 3
+    """Keep the newest N checkpoints."""
+    every_updates: int = 50
+    """Save every M PPO updates (and on SIGTERM)."""
+    async_save: bool = True
+    """Write in a background thread so that training continues while the checkpoint is committed."""
+
+    def __post_init__(self):
+        _check(self.max_to_keep >= 1, "max_to_keep must be >= 1")
+        _check(self.every_updates >= 1, "every_updates must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageConfig:
+    """The paper's training stages, learner side (Section 3 of arXiv 2602.24286)."""
+
+    rft_reward_threshold: float = 1.0
+    """RFT keeps warm-up trajectories whose final reward is >= this (milestone reward: 1 = faster than eager)."""
+    sft_epochs: int = 1
+    """Epochs of supervised training (warm start and RFT)."""
+    value_pretrain_steps: int = 100
+    """Critic optimiser steps of value pre-training on the RFT trajectories' returns."""
+    single_turn_max_turns: int = 1
+    multi_turn_max_turns: int = 200
+    """Turn limit of agentic episodes (the paper: 200)."""
+    max_context_tokens: int = 131_072
+    """Context limit of an episode in tokens (the paper: 128k)."""
+
+    def __post_init__(self):
+        _check(self.sft_epochs >= 1 and self.value_pretrain_steps >= 0, "sft_epochs >= 1 and value_pretrain_steps >= 0")
+        _check(self.single_turn_max_turns >= 1 and self.multi_turn_max_turns >= 1, "turn limits must be >= 1")
+        _check(self.max_context_tokens >= 2, "max_context_tokens must be >= 2")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Everything the learner needs besides the model config."""
+
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+    policy_optim: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    critic_optim: OptimizerConfig = dataclasses.field(default_factory=lambda: OptimizerConfig(lr=5e-6))
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    stages: StageConfig = dataclasses.field(default_factory=StageConfig)
+    seed: int = 0
+    """Seed of parameter init and minibatch shuffling."""
+    max_seq_len: int = 8192
+    """Row length of update batches in tokens; longer trajectories are refused (counted) by the batch builder."""
+    pack_sequences: bool = True
+    """Pack several trajectories into one row (segment ids) instead of one trajectory per padded row."""
+    batch_trajectories: int = 64
+    """Trajectories per PPO update."""
+    buffer_capacity: int = 1024
+    """Bound of the trajectory buffer (trajectories)."""
+    publish_every_updates: int = 1
+    """Publish weights to the actors every K updates."""
+    metrics_dir: str = "metrics"
+    """JSONL + TensorBoard folder (relative paths are under the run folder)."""
+
+    def __post_init__(self):
+        _check(self.max_seq_len >= 2, "max_seq_len must be >= 2")
+        _check(self.batch_trajectories >= 1, "batch_trajectories must be >= 1")
+        _check(self.buffer_capacity >= self.batch_trajectories, "buffer_capacity must be >= batch_trajectories")
+        _check(self.publish_every_updates >= 1, "publish_every_updates must be >= 1")
