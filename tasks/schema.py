@@ -14,6 +14,7 @@ import hashlib
 from typing import Any, Literal
 
 TaskSource = Literal["synthesized", "kernelbench", "user", "builtin"]
+_SOURCES = frozenset(("synthesized", "kernelbench", "user", "builtin"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,12 @@ class Task:
       operators: operator names in the order the reference applies them.
       shape_params: names and default values of the module-level int constants that fix the input shapes.
       atol, rtol: correctness tolerances (default 1e-2 each, as KernelBench).
-      metadata: free-form extra information (dtype, provenance, eager times, ...).
+      metadata: free-form extra information (input shapes, eager times in ms, estimates, ...).
+      dtype: dtype of the floating-point inputs (e.g. "float32").
+      provenance: where the record came from: origin file or composer, seed, time of creation, tool version.
+
+    Validation of the reference source (syntax, `Model`, `get_inputs`, running it) lives in
+    `tasks.validate`; this record only checks its own field types.
     """
 
     id: str
@@ -44,6 +50,19 @@ class Task:
     atol: float = 1e-2
     rtol: float = 1e-2
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("id", "name", "reference"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"task field {name!r} must be a non-empty string, got {value!r:.60}")
+        if self.source not in _SOURCES:
+            raise ValueError(f"task {self.id}: source must be one of {sorted(_SOURCES)}, got {self.source!r}")
+        for k, v in self.shape_params.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"task {self.id}: shape_params must map names to ints, got {k!r}: {v!r}")
 
     @property
     def content_hash(self) -> str:
@@ -68,3 +87,7 @@ class Task:
         d = dict(d)
         d["operators"] = tuple(d.get("operators", ()))
         return cls(**d)
+
+    def replace(self, **changes: Any) -> "Task":
+        """A copy with some fields changed (the record is frozen)."""
+        return dataclasses.replace(self, **changes)
