@@ -1,0 +1,198 @@
+"""Jitted policy / critic / SFT steps and the PPO update driver on a tiny real transformer (CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _tiny_models import TinyConfig, TinyLM, make_critic, make_policy  # noqa: E402
+
+from learner import train_step as ts  # noqa: E402
+from learner.config import OptimizerConfig, PPOConfig  # noqa: E402
+
+T = 40
+OPT0 = OptimizerConfig(lr=0.0, warmup_steps=0, grad_clip_norm=None)
+
+
+def multiturn_rollout(n_rows: int, seed: int = 0, turns: int = 3, vocab: int = 32):
+    """Rows of one trajectory each: prompt, then `turns` assistant spans separated by observation spans."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (n_rows, T)).astype(np.int32)
+    mask = np.zeros((n_rows, T), np.float32)
+    seg = np.zeros((n_rows, T), np.int32)
+    rewards = np.zeros((n_rows, T), np.float32)
+    for b in range(n_rows):
+        t = 3
+        length = int(rng.integers(T // 2, T + 1))
+        for _ in range(turns):
+            n_act = int(rng.integers(2, 6))
+            mask[b, t : min(t + n_act, length)] = 1
+            t += n_act + int(rng.integers(2, 5))
+            if t >= length:
+                break
+        seg[b, :length] = 1
+        last = np.nonzero(mask[b])[0][-1]
+        rewards[b, last] = rng.integers(-1, 4)
+    pos = np.tile(np.arange(T, dtype=np.int32), (n_rows, 1)) * (seg > 0)
+    seq = ts.SequenceBatch(*(jnp.asarray(x) for x in (tokens, pos, seg, mask)))
+    return seq, jnp.asarray(rewards)
+
+
+def micro(tree, m):
+    return jax.tree.map(lambda x: x.reshape((m, -1) + x.shape[1:]), tree)
+
+
+def rollout_for(policy, n_rows, seed=0, noise=0.1):
+    seq, rewards = multiturn_rollout(n_rows, seed)
+    lp, _ = ts.policy_logprobs(policy, micro(seq, 1))
+    rng = np.random.default_rng(seed + 1)
+    behav = lp.reshape(n_rows, T) + noise * rng.normal(size=(n_rows, T)).astype(np.float32)
+    return ts.RolloutBatch(seq, behav, rewards)
+
+
+def test_first_minibatch_ratio_is_exactly_one_at_lr_zero():
+    cfg = PPOConfig(minibatch_size=4, microbatch_size=2, epochs=2, dual_clip_c=3.0)
+    policy = ts.create_train_state(make_policy(), OPT0, cfg)
+    critic = ts.create_train_state(make_critic(), OPT0, cfg)
+    ro = rollout_for(policy, 8, noise=0.3)
+    # direct: proximal logprobs recomputed at update start, then one train step
+    seq_m = micro(ro.seq, 4)
+    prox, _ = ts.policy_logprobs(policy, seq_m)
+    batch = ts.PolicyBatch(seq_m, micro(ro.behaviour_logprobs, 4), prox, micro(ro.rewards, 4))
+    new, m = ts.policy_train_step(policy, _first_minibatch(batch))
+    assert float(m["ppo/ratio_dev_max"]) == 0.0
+    assert float(m["ppo/ratio_mean"]) == 1.0
+    assert float(m["ppo/approx_kl"]) == 0.0 and float(m["ppo/clip_frac"]) == 0.0
+    assert float(m["ppo/grad_norm"]) > 0  # there is a gradient; lr 0 keeps the parameters
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new.params, policy.params))
+    # through the driver: every minibatch of every epoch keeps ratio 1 when nothing moves
+    _, _, metrics = ts.ppo_update(policy, critic, ro, jax.random.key(0))
+    assert metrics["ppo/ratio_dev_max"] == 0.0
+    assert metrics["ppo/behaviour_weight_mean"] != 1.0  # the behaviour logprobs differ: w != 1
+
+
+def _first_minibatch(batch: ts.PolicyBatch) -> ts.PolicyBatch:
+    # the first 2 microbatches (= minibatch of 4 rows)
+    return jax.tree.map(lambda x: x[:2], batch)
+
+
+def test_ratio_moves_after_an_update_at_positive_lr():
+    cfg = PPOConfig(minibatch_size=4, microbatch_size=4, epochs=3)
+    policy = ts.create_train_state(make_policy(), OptimizerConfig(lr=3e-2, warmup_steps=0), cfg)
+    critic = ts.create_train_state(make_critic(), OPT0, cfg)
+    ro = rollout_for(policy, 8)
+    _, _, metrics = ts.ppo_update(policy, critic, ro, jax.random.key(0))
+    assert metrics["ppo/ratio_dev_max"] > 1e-3
+    assert metrics["ppo/clip_frac"] > 0
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    cfg = PPOConfig(minibatch_size=8, microbatch_size=2, entropy_coef=0.01, kl_coef=0.1)
+    opt = OptimizerConfig(lr=1e-2, warmup_steps=0, grad_clip_norm=None)
+    policy = ts.create_train_state(make_policy(), opt, cfg)
+    ro = rollout_for(policy, 8, noise=0.2)
+    prox, _ = ts.policy_logprobs(policy, micro(ro.seq, 8))
+    prox = prox.reshape(8, T)
+    adv = jnp.asarray(np.random.default_rng(3).normal(size=(8, T)).astype(np.float32))
+    ref = prox - 0.05
+    full = ts.PolicyBatch(ro.seq, ro.behaviour_logprobs, prox, adv, ref)
+    s1, m1 = ts.policy_train_step(policy, micro(full, 1))  # one pass of 8 rows
+    s4, m4 = ts.policy_train_step(policy, micro(full, 4))  # 4 accumulated passes of 2 rows
+    for k in ("ppo/policy_loss", "ppo/entropy", "ppo/kl_ref", "ppo/grad_norm", "ppo/tokens"):
+        np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=2e-5, err_msg=k)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), s4.params, s1.params)
+
+
+class LogitProbe(nnx.Module):
+    """TinyLM plus a trainable additive bias on every logit: its gradient is the gradient w.r.t. the logits."""
+
+    def __init__(self, c: TinyConfig, shape, rngs):
+        self.lm = TinyLM(c, rngs)
+        self.bias = nnx.Param(jnp.zeros(shape, jnp.float32))
+
+    def __call__(self, tokens, positions, segment_ids=None):
+        return self.lm(tokens, positions, segment_ids) + self.bias[...]
+
+
+def test_no_gradient_flows_from_observation_or_padding_tokens():
+    c = TinyConfig()
+    n = 4
+    with nnx.use_eager_sharding(False):
+        model = LogitProbe(c, (n, T, c.vocab_size), nnx.Rngs(0))
+    cfg = PPOConfig(minibatch_size=n, microbatch_size=n, entropy_coef=0.01, kl_coef=0.1, value_clip_eps=0.2)
+    opt = OptimizerConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0)
+    policy = ts.create_train_state(model, opt, cfg)
+    seq, rewards = multiturn_rollout(n, seed=5)
+    mask = np.asarray(seq.loss_mask)
+    assert mask.sum() > 0 and (mask == 0).sum() > 0
+    prox, _ = ts.policy_logprobs(policy, micro(seq, 1))
+    prox = prox.reshape(n, T)
+    garbage = lambda x: jnp.where(seq.loss_mask > 0, x, jnp.nan)  # noqa: E731
+    adv = jnp.asarray(np.random.default_rng(0).normal(size=(n, T)).astype(np.float32))
+    batch = ts.PolicyBatch(seq, garbage(prox - 0.1), garbage(prox), garbage(adv), garbage(prox + 0.1))
+    new, m = ts.policy_train_step(policy, micro(batch, 1))
+    assert np.isfinite(float(m["ppo/policy_loss"])) and np.isfinite(float(m["ppo/grad_norm"]))
+    moved = np.any(np.asarray(new.params["bias"][...]) != 0, axis=-1)  # [n, T]: logits row t - 1 predicts token t
+    predicts_policy_token = np.concatenate([mask[:, 1:], np.zeros((n, 1))], axis=1) > 0
+    np.testing.assert_array_equal(moved, predicts_policy_token)
+    # and the rest of the network received a gradient
+    assert not jnp.array_equal(new.params["lm"]["head"]["kernel"][...], policy.params["lm"]["head"]["kernel"][...])
+
+
+def test_critic_step_fits_returns_and_value_clip_limits_the_move():
+    cfg = PPOConfig(minibatch_size=4, microbatch_size=2, value_clip_eps=None)
+    critic = ts.create_train_state(make_critic(), OptimizerConfig(lr=1e-2, warmup_steps=0), cfg)
+    seq, rewards = multiturn_rollout(4, seed=2)
+    ret = jnp.where(seq.loss_mask > 0, 1.5, 0.0)
+    old = ts.critic_values(critic, micro(seq, 2))
+    batch = ts.CriticBatch(micro(seq, 2), micro(ret, 2), old)
+    losses = []
+    for _ in range(30):
+        critic, m = ts.critic_train_step(critic, batch)
+        losses.append(float(m["critic/value_loss"]))
+    assert losses[-1] < 0.1 * losses[0]
+    # with clipping at 0.01 around the old values (0), the loss gradient vanishes once outside the band
+    cfg_c = dataclasses.replace(cfg, value_clip_eps=0.01)
+    moved = critic.replace(ppo=cfg_c)
+    _, m = ts.critic_train_step(moved, batch)  # values ~1.5, old 0: clipped branch dominates for all tokens
+    assert float(m["critic/value_clip_frac"]) > 0.9
+
+
+def test_sft_step_learns_a_fixed_batch():
+    policy = ts.create_train_state(make_policy(), OptimizerConfig(lr=1e-2, warmup_steps=0), PPOConfig())
+    seq, _ = multiturn_rollout(4, seed=3)
+    batch = micro(seq, 2)
+    nll = []
+    for _ in range(40):
+        policy, m = ts.sft_train_step(policy, batch)
+        nll.append(float(m["sft/nll"]))
+    assert nll[-1] < 0.5 * nll[0]
+    assert float(m["sft/accuracy"]) > 0.5
+
+
+def test_lr_schedule_warmup_and_decay():
+    _, sched = ts.make_optimizer(OptimizerConfig(lr=1.0, warmup_steps=10, decay_steps=100, schedule="linear", end_lr_ratio=0.1))
+    assert float(sched(0)) == 0.0
+    assert float(sched(5)) == pytest.approx(0.5)
+    assert float(sched(10)) == pytest.approx(1.0)
+    assert float(sched(60)) == pytest.approx(0.55)
+    assert float(sched(1000)) == pytest.approx(0.1)
+    _, cos = ts.make_optimizer(OptimizerConfig(lr=1.0, warmup_steps=0, decay_steps=100, schedule="cosine", end_lr_ratio=0.0))
+    assert float(cos(50)) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_rollout_rows_must_fill_minibatches():
+    cfg = PPOConfig(minibatch_size=4, microbatch_size=2)
+    policy = ts.create_train_state(make_policy(), OPT0, cfg)
+    critic = ts.create_train_state(make_critic(), OPT0, cfg)
+    ro = rollout_for(policy, 6)
+    with pytest.raises(ValueError, match="multiple of ppo.minibatch_size"):
+        ts.ppo_update(policy, critic, ro, jax.random.key(0))
