@@ -1,0 +1,165 @@
+"""`SandboxConfig`: every knob of the sandbox, typed and validated (YAML presets via cuda_agent.config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+BACKENDS = ("auto", "cpu", "cuda")
+FORMATS = ("cubin", "extension", "cpu")
+ISOLATION = ("auto", "namespaces", "none")
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "cuda-agent" / "sandbox")
+
+
+@dataclasses.dataclass
+class SandboxConfig:
+    """Configuration of the build / verify / profile / reward pipeline.
+
+    Fields (units in the names; defaults in parentheses):
+    """
+
+    # --- where and what
+    backend: str = "auto"
+    """"cpu", "cuda", or "auto" (cuda when torch sees a GPU, else cpu)."""
+    cuda_arch: str = ""
+    """nvcc target for cubin/extension builds (e.g. "sm_90a"); "" = from the GPU, "sm_90a" when none is visible."""
+    default_cuda_arch: str = "sm_90a"
+    """Target used when cuda_arch is "" and no GPU can be queried (compile-only hosts, CI)."""
+    cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
+    """Build cache root (content-hash keyed), kept private to the trusted side (mode 0700)."""
+    work_root: str = ""
+    """Parent folder of per-evaluation workspaces; "" = <tmp>/cuda-agent-sandbox."""
+    keep_workspaces: bool = False
+    """Keep each workspace after the evaluation (debugging)."""
+
+    # --- build
+    cc: str = "gcc"
+    """Host C compiler (cpu format, .c files)."""
+    cxx: str = "g++"
+    """Host C++ compiler (cpu format, .cpp/.cc files; links the shared library)."""
+    cpu_cflags: str = "-O3 -march=native -fPIC -fopenmp"
+    """Flags for host kernels (cpu format)."""
+    nvcc: str = "nvcc"
+    """The CUDA compiler."""
+    nvcc_flags: str = "-O3 -std=c++17 -lineinfo"
+    """Extra flags for nvcc -cubin (the arch is added from cuda_arch)."""
+    compile_log_max_chars: int = 4000
+    """Compiler diagnostics are truncated to this many characters."""
+    allow_blas: bool = False
+    """cpu format: allow BLAS symbols (cblas_*, sgemm_, ...) in the built library."""
+
+    # --- verification
+    num_trials: int = 5
+    """Fresh-seed input sets the candidate must match the reference on."""
+    atol: float = -1.0
+    """Absolute tolerance; < 0 = the task's (default 1e-2)."""
+    rtol: float = -1.0
+    """Relative tolerance; < 0 = the task's (default 1e-2)."""
+    poison_outputs: bool = True
+    """Fill memory that forward allocates with NaN / a sentinel during verification."""
+    check_timed_outputs: bool = True
+    """Check the outputs of the last timed call against the reference again after profiling."""
+
+    # --- profiling and reward
+    profile: bool = True
+    """Run the profile stage (False: reward is 0 for any correct solution)."""
+    use_compile: bool = True
+    """Time torch.compile as a baseline (milestones 2 and 3 need it)."""
+    compile_mode: str = "default"
+    """torch.compile mode for the baseline ("default", "reduce-overhead", "max-autotune")."""
+    warmup_calls: int = 3
+    """Untimed calls of each implementation before timing."""
+    reps: int = 20
+    """Interleaved repetitions (eager, compile, candidate in rotating order) per evaluation."""
+    min_rep_ms: float = 2.0
+    """Calls per repetition are chosen so that one repetition of eager lasts at least this long."""
+    max_calls_per_rep: int = 1000
+    """Upper bound on calls per repetition."""
+    bootstrap_samples: int = 2000
+    """Bootstrap resamples for the speed-up confidence intervals."""
+    ci_level: float = 0.90
+    """Two-sided confidence level of the speed-up intervals; a milestone needs the lower bound to clear."""
+    faster_than_eager: float = 1.0
+    """Milestone 1: speed-up over eager whose CI lower bound must exceed this."""
+    faster_than_compile: float = 1.0
+    """Milestone 2: milestone 1 and speed-up over torch.compile whose lower bound exceeds this."""
+    top_margin: float = 1.05
+    """Milestone 3: lower bounds over both eager and torch.compile at least this (5% faster)."""
+    l2_flush_bytes: int = 256 * 1024 * 1024
+    """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
+
+    # --- threads
+    cpu_threads: int = 1
+    """torch intra-op threads and OMP_NUM_THREADS, for reference and candidate alike (same footing)."""
+
+    # --- time limits (wall clock, per stage)
+    build_timeout_s: float = 120.0
+    """cpu/cubin build."""
+    extension_build_timeout_s: float = 900.0
+    """torch.utils.cpp_extension builds (also load_inline at import)."""
+    load_timeout_s: float = 60.0
+    """Start of the candidate worker, import of model_new.py, ModelNew construction and weights."""
+    trial_timeout_s: float = 30.0
+    """One verification trial (one forward call plus transfer)."""
+    profile_timeout_s: float = 300.0
+    """The whole profile stage of the candidate."""
+    reference_timeout_s: float = 600.0
+    """Reference side of one evaluation (inputs, reference outputs, torch.compile's first call)."""
+
+    # --- isolation
+    isolation: str = "auto"
+    """"namespaces" (unshare: own pid/net/mount namespaces, read-only root, uid drop), "none", or "auto"."""
+    sandbox_uid: int = 65534
+    """uid/gid the candidate runs as under namespace isolation (-1 keeps root, without capabilities)."""
+    rlimit_cpu_s: int = 900
+    """RLIMIT_CPU of the candidate process (seconds of CPU time)."""
+    rlimit_fsize_bytes: int = 256 * 1024 * 1024
+    """RLIMIT_FSIZE: largest file the candidate may write."""
+    rlimit_nproc: int = 512
+    """RLIMIT_NPROC: processes + threads of the sandbox uid."""
+    rlimit_nofile: int = 1024
+    """RLIMIT_NOFILE: open files."""
+    rlimit_as_bytes: int = 0
+    """RLIMIT_AS on the cpu backend (0 = unlimited; never applied with CUDA, whose mappings are huge)."""
+    max_message_bytes: int = 2 * 1024**3
+    """Largest message the trusted side accepts from the candidate."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"SandboxConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.isolation not in ISOLATION:
+            raise ValueError(f"SandboxConfig.isolation must be one of {ISOLATION}, got {self.isolation!r}")
+        if self.compile_mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            raise ValueError(f"SandboxConfig.compile_mode: unknown torch.compile mode {self.compile_mode!r}")
+        if self.cuda_arch and not self.cuda_arch.startswith(("sm_", "compute_")):
+            raise ValueError(f"SandboxConfig.cuda_arch must look like 'sm_90a', got {self.cuda_arch!r}")
+        for name in ("num_trials", "reps", "bootstrap_samples", "max_calls_per_rep", "compile_log_max_chars",
+                     "cpu_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SandboxConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup_calls < 0:
+            raise ValueError("SandboxConfig.warmup_calls must be >= 0")
+        for name in ("build_timeout_s", "extension_build_timeout_s", "load_timeout_s", "trial_timeout_s",
+                     "profile_timeout_s", "reference_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxConfig.{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not 0.5 <= self.ci_level < 1.0:
+            raise ValueError(f"SandboxConfig.ci_level must be in [0.5, 1), got {self.ci_level}")
+        if not (self.faster_than_eager > 0 and self.faster_than_compile > 0 and self.top_margin > 0):
+            raise ValueError("SandboxConfig milestone thresholds must be > 0")
+        if self.min_rep_ms < 0:
+            raise ValueError("SandboxConfig.min_rep_ms must be >= 0")
+
+    @property
+    def workspaces_dir(self) -> Path:
+        return Path(self.work_root) if self.work_root else Path(tempfile.gettempdir()) / "cuda-agent-sandbox"
+
+    def tolerances(self, task_atol: float, task_rtol: float) -> tuple[float, float]:
+        """(atol, rtol) to use: the config's when set (>= 0), else the task's."""
+        return (self.atol if self.atol >= 0 else task_atol, self.rtol if self.rtol >= 0 else task_rtol)

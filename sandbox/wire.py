@@ -1,0 +1,137 @@
+"""The byte channel between the trusted side and a candidate worker: length-prefixed msgpack over pipes.
+
+Nothing here executes code while decoding (no pickle): a candidate can send malformed bytes, never objects.
+Tensors travel as {"__tensor__": 1, "dtype": "float32", "shape": [...], "data": raw bytes}; tuples as
+{"__tuple__": [...]}, so the structure of a model's output survives the trip.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+import time
+from typing import Any
+
+import msgpack
+
+_HDR = struct.Struct("<Q")
+
+
+class ChannelClosed(EOFError):
+    """The other end closed the pipe (it exited or crashed)."""
+
+
+class ChannelTimeout(TimeoutError):
+    """No complete message arrived before the deadline."""
+
+
+class MessageTooLarge(ValueError):
+    """A message announced more bytes than the receiver accepts."""
+
+
+def encode_value(v: Any) -> Any:
+    """Nested tensors / tuples / lists / dicts / scalars -> msgpack-able plain values. Tensors are copied to CPU."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        t = v.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return {"__tensor__": 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": data}
+    if isinstance(v, tuple):
+        return {"__tuple__": [encode_value(x) for x in v]}
+    if isinstance(v, list):
+        return [encode_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): encode_value(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return v
+    if hasattr(v, "__index__"):
+        return int(v)
+    if hasattr(v, "__float__"):
+        return float(v)
+    raise TypeError(f"cannot send a value of type {type(v).__name__}")
+
+
+_DTYPES = {"float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool",
+           "complex64", "complex128"}
+
+
+def decode_value(v: Any) -> Any:
+    """Inverse of encode_value. Raises ValueError for a malformed tensor record (wrong byte count, bad dtype)."""
+    import torch
+
+    if isinstance(v, dict):
+        if "__tensor__" in v:
+            dtype = v.get("dtype")
+            if dtype not in _DTYPES:
+                raise ValueError(f"tensor record has unsupported dtype {dtype!r}")
+            shape = [int(s) for s in v["shape"]]
+            if any(s < 0 for s in shape):
+                raise ValueError(f"tensor record has a negative dimension {shape}")
+            dt = getattr(torch, dtype)
+            numel = 1
+            for s in shape:
+                numel *= s
+            data = v["data"]
+            itemsize = torch.empty((), dtype=dt).element_size()
+            if not isinstance(data, (bytes, bytearray)) or len(data) != numel * itemsize:
+                raise ValueError(f"tensor record of shape {shape} {dtype} carries {len(data)} bytes, "
+                                 f"expected {numel * itemsize}")
+            if numel == 0:
+                return torch.empty(shape, dtype=dt)
+            return torch.frombuffer(bytearray(data), dtype=dt).reshape(shape)
+        if "__tuple__" in v:
+            return tuple(decode_value(x) for x in v["__tuple__"])
+        return {k: decode_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [decode_value(x) for x in v]
+    return v
+
+
+def send(fd: int, msg: Any) -> None:
+    """Write one message (a msgpack-able value) to a pipe fd. Raises ChannelClosed when the reader is gone."""
+    payload = msgpack.packb(msg, use_bin_type=True)
+    buf = memoryview(_HDR.pack(len(payload)) + payload)
+    try:
+        while buf:
+            n = os.write(fd, buf)
+            buf = buf[n:]
+    except (BrokenPipeError, OSError) as e:
+        raise ChannelClosed(str(e)) from None
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelTimeout("deadline passed")
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                raise ChannelTimeout("deadline passed")
+        b = os.read(fd, min(n - got, 1 << 22))
+        if not b:
+            raise ChannelClosed("pipe closed")
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
+def recv(fd: int, timeout_s: float | None = None, max_bytes: int = 1 << 31) -> Any:
+    """Read one message. Raises ChannelTimeout, ChannelClosed, MessageTooLarge or ValueError (bad msgpack)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    (n,) = _HDR.unpack(_read_exact(fd, _HDR.size, deadline))
+    if n > max_bytes:
+        raise MessageTooLarge(f"message of {n} bytes exceeds the limit of {max_bytes}")
+    payload = _read_exact(fd, n, deadline)
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, max_bin_len=max_bytes,
+                               max_str_len=max_bytes)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise ValueError(f"malformed message: {type(e).__name__}: {e}") from None
