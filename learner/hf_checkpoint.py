@@ -363,13 +363,13 @@ def _load_into(model: Any, folder: Path, config: ModelConfig, entries: Iterable[
             param = _get_param(model, entry.path)
             target = param.get_value()
             np_dtype = np.dtype(target.dtype)
-            host = np.empty(target.shape, dtype=np_dtype)
             if entry.per_layer:
-                for i in range(config.num_layers):
-                    name = entry.hf.format(i=i)
-                    host[i] = entry.to_ours(source.read(name, entry.hf_shape(config)), config).astype(np_dtype)
+                host = np.empty(target.shape, dtype=np_dtype)
+                for i in range(config.num_layers):  # one layer's tensor at a time, cast on assignment
+                    host[i] = entry.to_ours(source.read(entry.hf.format(i=i), entry.hf_shape(config)), config)
             else:
-                host[...] = entry.to_ours(source.read(entry.hf, entry.hf_shape(config)), config).astype(np_dtype)
+                host = entry.to_ours(source.read(entry.hf, entry.hf_shape(config)), config)
+                host = np.ascontiguousarray(host.astype(np_dtype, copy=False))
             names = tuple(param.get_metadata().get("out_sharding") or ())
             param.set_value(place(".".join(entry.path), host, names))
             del host
