@@ -92,15 +92,34 @@ def decode_value(v: Any) -> Any:
     return v
 
 
-def send(fd: int, msg: Any) -> None:
-    """Write one message (a msgpack-able value) to a pipe fd. Raises ChannelClosed when the reader is gone."""
+def send(fd: int, msg: Any, timeout_s: float | None = None) -> None:
+    """Write one message (a msgpack-able value) to a pipe fd.
+
+    With timeout_s, the fd must be non-blocking (os.set_blocking(fd, False)) and ChannelTimeout is raised when the
+    reader does not drain the pipe in time (a hung candidate). Raises ChannelClosed when the reader is gone.
+    """
     payload = msgpack.packb(msg, use_bin_type=True)
     buf = memoryview(_HDR.pack(len(payload)) + payload)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while buf:
-            n = os.write(fd, buf)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ChannelTimeout("the reader did not take the message in time")
+                _, w, _ = select.select([], [fd], [], left)
+                if not w:
+                    continue
+            try:
+                n = os.write(fd, buf[: 1 << 20])
+            except BlockingIOError:
+                continue
             buf = buf[n:]
-    except (BrokenPipeError, OSError) as e:
+    except (BrokenPipeError, ConnectionError) as e:
+        raise ChannelClosed(str(e)) from None
+    except OSError as e:
+        if isinstance(e, (ChannelTimeout,)):
+            raise
         raise ChannelClosed(str(e)) from None
 
 

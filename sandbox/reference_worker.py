@@ -1,0 +1,553 @@
+"""The trusted worker: a long-lived process per device that owns the reference side of every evaluation.
+
+What it keeps (per task content hash, backend and shape overrides; LRU): the reference module executed from the
+task's pristine source (never from the workspace copy), the reference model with its seeded initial weights,
+its state_dict, and its `torch.compile` graph, whose first call costs 15-18 s on the 2-core CPU machine and
+seconds on a GPU host. It also keeps the last baseline distributions, for inspection only.
+
+Baseline policy: **re-time interleaved**. Eager and torch.compile are re-timed in every evaluation, interleaved
+with the candidate in rotating order, rather than reusing a cached baseline distribution with a drift check.
+Why: the milestone decision rests on the lower bound of a ratio whose top margin (5%) is of the order of timing
+noise; pairing the three measurements repetition by repetition cancels drift (GPU clocks and temperature, other
+tenants on a CPU host) that a cached distribution would fold into the ratio. It costs a few extra repetitions of
+the baselines per evaluation (milliseconds to a second for tasks in the paper's 1-100 ms window); the expensive
+part, compiling the graph, stays cached.
+
+One evaluation (`run_job`):
+1. draw `num_trials` seeds from the OS (`secrets`), make each input set with `torch.manual_seed(seed);
+   get_inputs()`, and compute the reference outputs, all before any candidate process exists;
+2. start the candidate worker (sandbox.candidate) confined by sandbox.jail, send it the init inputs and the
+   reference state_dict (`load`), then each input set (`run`), and compare (sandbox.verify);
+3. if all trials pass: warm up, pick calls per repetition from eager's time, run `reps` interleaved repetitions,
+   check the outputs of the last timed call again, and compute speed-ups, intervals and the milestone
+   (sandbox.stats);
+4. kill the candidate's process tree, whatever happened.
+A stage that runs past its limit kills the candidate and yields `timeout`; a candidate that dies (segfault,
+abort, sticky CUDA error) yields `runtime_error`; the trusted worker itself never runs candidate code.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sandbox import wire
+from sandbox.config import SandboxConfig
+from sandbox.jail import JailSpec, command_prefix, default_expose, set_rlimits
+from sandbox.result import Status, TimingStats, TrialResult, Violation
+from sandbox.stats import bootstrap_speedup, distribution, milestone
+from sandbox.timing import l2_flush_buffer, time_calls
+from sandbox.verify import compare
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_MAX_TASKS = 32
+
+
+class StageFailure(Exception):
+    """Ends an evaluation early with a status and a message (and optional violations)."""
+
+    def __init__(self, status: Status, message: str, violations: list[Violation] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.violations = violations or []
+
+
+# ----------------------------------------------------------------------------------------------------- reference
+class TaskState:
+    """The reference side of one task on one device (see module doc)."""
+
+    def __init__(self, reference: str, task_id: str, device: str, shape_overrides: dict[str, int] | None = None):
+        self.device = device
+        mod = types.ModuleType(f"cuda_agent_reference_{abs(hash(reference)) % 10**12}")
+        mod.__file__ = "model.py"
+        exec(compile(reference, f"<reference {task_id}>", "exec"), mod.__dict__)  # trusted: the task's own source
+        for k, v in (shape_overrides or {}).items():
+            if k not in mod.__dict__:
+                raise ValueError(f"task {task_id}: shape parameter {k!r} is not a module-level name of the reference")
+            mod.__dict__[k] = v
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(mod, name):
+                raise ValueError(f"task {task_id}: the reference defines no {name}")
+        self.module = mod
+        self.init_inputs = list(mod.get_init_inputs())
+        self.init_seed = secrets.randbits(62)
+        torch.manual_seed(self.init_seed)
+        self.model = mod.Model(*self.init_inputs).to(device).eval()
+        self.state_dict = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.compiled: Any = None
+        self.compile_error = ""
+        self.compile_ready = False
+        self.last_baselines: dict[str, Any] = {}
+
+    def make_inputs(self, seed: int) -> list:
+        """CPU input set for a seed (the candidate gets these tensors, never the seed)."""
+        torch.manual_seed(seed)
+        return list(self.module.get_inputs())
+
+    def to_device(self, v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.to(self.device)
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.to_device(x) for x in v)
+        return v
+
+    def reference_outputs(self, inputs_dev: list) -> Any:
+        with torch.no_grad():
+            out = self.model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs_dev])
+        return _to_cpu(out)
+
+    def compiled_model(self, mode: str, example: list) -> Any:
+        """The torch.compile'd reference (compiled on first use with `example`); None if compilation fails."""
+        if not self.compile_ready:
+            self.compile_ready = True
+            try:
+                c = torch.compile(self.model, mode=mode)
+                with torch.no_grad():
+                    c(*example)
+                self.compiled = c
+            except Exception as e:  # noqa: BLE001 - record and go on without the compile baseline
+                self.compile_error = f"torch.compile failed: {type(e).__name__}: {str(e)[:300]}"
+        return self.compiled
+
+
+def _to_cpu(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu(x) for x in v)
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------- candidate
+def _pdeathsig() -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the trusted worker
+    except OSError:
+        pass
+
+
+class CandidateDied(Exception):
+    def __init__(self, returncode: int | None, log_tail: str):
+        super().__init__(f"candidate worker exited ({returncode})")
+        self.returncode = returncode
+        self.log_tail = log_tail
+
+
+class CandidateProcess:
+    """A confined candidate worker with request/reply over pipes, killed with its whole tree by `kill()`."""
+
+    def __init__(self, ws: str, device: str, fmt: str, cfg: SandboxConfig, jail: JailSpec | None,
+                 manifest: str, extra_env: dict[str, str] | None = None):
+        self.cfg = cfg
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        argv = [sys.executable, "-m", "sandbox.candidate", "--fd-in", str(r1), "--fd-out", str(w2), "--workspace", ws,
+                "--device", device, "--threads", str(cfg.cpu_threads), "--format", fmt]
+        if jail is not None:
+            argv = command_prefix() + argv + ["--jail", jail.to_json()]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": str(REPO_ROOT),
+            "HOME": ws,
+            "TMPDIR": os.path.join(ws, ".tmp"),
+            "OMP_NUM_THREADS": str(cfg.cpu_threads),
+            "MKL_NUM_THREADS": str(cfg.cpu_threads),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+        }
+        for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LANG"):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        if manifest:
+            env["CUDA_AGENT_KERNELS_MANIFEST"] = manifest
+        env.update(extra_env or {})
+        self.log = tempfile.TemporaryFile()
+        rl = None if jail is not None else _rlimits(cfg, device)
+
+        def preexec() -> None:
+            _pdeathsig()
+            if rl:
+                set_rlimits(rl)
+
+        self.proc = subprocess.Popen(argv, pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, cwd=ws, env=env, start_new_session=True,
+                                     preexec_fn=preexec)
+        os.close(r1)
+        os.close(w2)
+        self.fd_out, self.fd_in = w1, r2
+        os.set_blocking(self.fd_out, False)
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            self.log.seek(0, os.SEEK_END)
+            size = self.log.tell()
+            self.log.seek(max(0, size - n))
+            return self.log.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    def request(self, msg: dict, timeout_s: float) -> dict:
+        """Send msg, wait for the reply. Raises wire.ChannelTimeout or CandidateDied."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            wire.send(self.fd_out, msg, timeout_s=timeout_s)
+            reply = wire.recv(self.fd_in, timeout_s=max(0.01, deadline - time.monotonic()),
+                              max_bytes=self.cfg.max_message_bytes)
+        except (wire.ChannelClosed, wire.MessageTooLarge, ValueError):
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            raise CandidateDied(self.proc.returncode, self.log_tail()) from None
+        if not isinstance(reply, dict):
+            raise CandidateDied(self.proc.returncode, "malformed reply")
+        return reply
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self.fd_out, self.fd_in):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.log.close()
+
+
+def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
+    rl = {"cpu_s": cfg.rlimit_cpu_s, "fsize_bytes": cfg.rlimit_fsize_bytes, "nofile": cfg.rlimit_nofile}
+    if cfg.sandbox_uid > 0:
+        rl["nproc"] = cfg.rlimit_nproc
+    if cfg.rlimit_as_bytes and not device.startswith("cuda"):
+        rl["as_bytes"] = cfg.rlimit_as_bytes
+    return rl
+
+
+def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writable: list[str],
+                   uid: int) -> JailSpec:
+    return JailSpec(workspace=ws, readonly=[model_py], writable=writable, uid=uid, expose=default_expose(),
+                    rlimits=_rlimits(cfg, device))
+
+
+def _signal_name(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    if rc > 128:
+        try:
+            return f"killed by signal {signal.Signals(rc - 128).name}"
+        except ValueError:
+            pass
+    return f"exit code {rc}"
+
+
+def _reply_failure(reply: dict, stage: str) -> StageFailure:
+    status = reply.get("status", "runtime_error")
+    try:
+        st = Status(status)
+    except ValueError:
+        st = Status.RUNTIME_ERROR
+    viol = [Violation("import" if "imports" in v else "dispatch_op", v) for v in reply.get("violations", [])]
+    err = (reply.get("error") or "").strip()
+    last = err.splitlines()[-1] if err else (viol[0].detail if viol else "")
+    msg = f"{stage}: {last}" if last else stage
+    f = StageFailure(st, msg, viol)
+    f.detail = err  # type: ignore[attr-defined]
+    return f
+
+
+def _nvml(device_index: int) -> dict[str, Any] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        r = {
+            "t": time.time(),
+            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            "utilization_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+            "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+        }
+        return r
+    except Exception:  # noqa: BLE001 - readings are best effort
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------- one job
+def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig) -> dict:
+    """Evaluate one built solution. job: task_id, reference, shape_overrides, atol, rtol, workspace, model_py,
+    manifest, format, device, jail_uid (None: no namespaces), writable, extra_env, load_timeout_s.
+    Returns a plain dict: status, message, trials, timing, violations, log, stage_ms, nvml."""
+    out: dict[str, Any] = {"trials": [], "timing": None, "violations": [], "log": [], "stage_ms": {}, "nvml": []}
+    device = job["device"]
+    cuda = device.startswith("cuda")
+    t0 = time.perf_counter()
+    key = (job["reference_hash"], device, tuple(sorted((job.get("shape_overrides") or {}).items())))
+    state = cache.get(key)
+    try:
+        if state is None:
+            state = TaskState(job["reference"], job["task_id"], device, job.get("shape_overrides"))
+            cache[key] = state
+            while len(cache) > _MAX_TASKS:
+                cache.popitem(last=False)
+        cache.move_to_end(key)
+        seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
+        inputs_cpu = [state.make_inputs(s) for s in seeds]
+        inputs_dev = [state.to_device(x) for x in inputs_cpu]
+        ref_outs = [state.reference_outputs(x) for x in inputs_dev]
+    except Exception as e:  # noqa: BLE001 - a broken reference is the sandbox's problem, not the candidate's
+        out.update(status=Status.INTERNAL_ERROR.value, message=f"reference failed: {type(e).__name__}: {e}",
+                   detail=traceback.format_exc()[-2000:])
+        return out
+    out["stage_ms"]["reference"] = (time.perf_counter() - t0) * 1e3
+    jail = None
+    if job.get("jail_uid") is not None:
+        jail = candidate_jail(job["workspace"], job["model_py"], cfg, device, job.get("writable", []), job["jail_uid"])
+    cand: CandidateProcess | None = None
+    try:
+        t1 = time.perf_counter()
+        cand = CandidateProcess(job["workspace"], device, job["format"], cfg, jail, job.get("manifest", ""),
+                                job.get("extra_env"))
+        try:
+            reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs),
+                                  "state_dict": wire.encode_value(state.state_dict)}, job["load_timeout_s"])
+        except wire.ChannelTimeout:
+            raise StageFailure(Status.TIMEOUT, f"load: model_new.py import / ModelNew construction ran past "
+                                               f"{job['load_timeout_s']:g} s") from None
+        except CandidateDied as e:
+            tail = e.log_tail.strip().splitlines()
+            if e.returncode == 125:
+                raise StageFailure(Status.INTERNAL_ERROR, f"confinement failed: {' '.join(tail[-1:])}") from None
+            raise StageFailure(Status.LOAD_ERROR, f"load: the candidate worker died ({_signal_name(e.returncode)})"
+                               + (f": {tail[-1]}" if tail else "")) from None
+        if not reply.get("ok"):
+            raise _reply_failure(reply, "load")
+        out["log"].extend(reply.get("log", []))
+        out["stage_ms"]["load"] = (time.perf_counter() - t1) * 1e3
+        # ---------------------------------------------------------------- verify
+        t2 = time.perf_counter()
+        atol, rtol = job["atol"], job["rtol"]
+        for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
+            reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x), "poison": cfg.poison_outputs},
+                         cfg.trial_timeout_s, f"trial {i}")
+            tr = _check_reply(reply, ref, atol, rtol, i)
+            out["trials"].append(tr.to_dict())
+            if not tr.ok:
+                raise StageFailure(Status.INCORRECT, f"trial {i}: {tr.message}")
+        out["stage_ms"]["verify"] = (time.perf_counter() - t2) * 1e3
+        if not cfg.profile:
+            out.update(status=Status.OK.value, message="correct on every trial (profiling off)", reward=0.0)
+            return out
+        # ---------------------------------------------------------------- profile
+        t3 = time.perf_counter()
+        timing, extra_trial = _profile(cand, state, inputs_cpu[0], inputs_dev[0], ref_outs[0], cfg, cuda, device,
+                                       atol, rtol, out)
+        if extra_trial is not None:
+            out["trials"].append(extra_trial.to_dict())
+            if not extra_trial.ok:
+                raise StageFailure(Status.INCORRECT, f"outputs of the timed calls: {extra_trial.message}")
+        out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
+        out["timing"] = timing.to_dict()
+        out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
+        return out
+    except StageFailure as f:
+        out.update(status=f.status.value, message=f.message)
+        out["violations"].extend(v.to_dict() for v in f.violations)
+        if getattr(f, "detail", ""):
+            out["detail"] = f.detail  # type: ignore[attr-defined]
+        return out
+    finally:
+        if cand is not None:
+            try:
+                wire.send(cand.fd_out, {"op": "exit"}, timeout_s=0.2)
+            except Exception:  # noqa: BLE001
+                pass
+            cand.kill()
+
+
+def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str) -> dict:
+    try:
+        reply = cand.request(msg, timeout_s)
+    except wire.ChannelTimeout:
+        raise StageFailure(Status.TIMEOUT, f"{stage}: forward ran past {timeout_s:g} s (process tree killed)") from None
+    except CandidateDied as e:
+        tail = [ln for ln in e.log_tail.strip().splitlines() if ln.strip()]
+        raise StageFailure(Status.RUNTIME_ERROR, f"{stage}: the candidate worker crashed "
+                                                 f"({_signal_name(e.returncode)})" + (f": {tail[-1]}" if tail else "")) from None
+    if not reply.get("ok"):
+        raise _reply_failure(reply, stage)
+    return reply
+
+
+def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int) -> TrialResult:
+    if reply.get("alias"):
+        raise StageFailure(Status.INCORRECT, f"trial {index}: {reply['alias'][0]} (return fresh output tensors)",
+                           [Violation("alias", reply["alias"][0])])
+    if reply.get("mutated"):
+        raise StageFailure(Status.INCORRECT, f"trial {index}: {reply['mutated'][0]}", [Violation("input_mutation",
+                                                                                                  reply["mutated"][0])])
+    try:
+        cand_out = wire.decode_value(reply["outputs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise StageFailure(Status.RUNTIME_ERROR, f"trial {index}: malformed outputs: {e}") from None
+    return compare(ref, cand_out, atol, rtol, index)
+
+
+def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list, ref_out: Any, cfg: SandboxConfig,
+             cuda: bool, device: str, atol: float, rtol: float, out: dict) -> tuple[TimingStats, TrialResult | None]:
+    deadline = time.monotonic() + cfg.profile_timeout_s
+    flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
+    x_ref = list(x_dev)
+
+    def left() -> float:
+        rem = deadline - time.monotonic()
+        if rem <= 0:
+            raise StageFailure(Status.TIMEOUT, f"profile: ran past {cfg.profile_timeout_s:g} s")
+        return rem
+
+    def eager() -> None:
+        with torch.no_grad():
+            state.model(*x_ref)
+
+    compiled = state.compiled_model(cfg.compile_mode, x_ref) if cfg.use_compile else None
+    if state.compile_error:
+        out["log"].append(state.compile_error)
+
+    def comp() -> None:
+        with torch.no_grad():
+            compiled(*x_ref)
+
+    # candidate must be on the timing inputs (trial 0's): run them once more, unpoisoned
+    _run(cand, {"op": "run", "inputs": wire.encode_value(x_cpu), "poison": False}, cfg.trial_timeout_s, "profile")
+    if cuda:
+        idx = torch.device(device).index or 0
+        r = _nvml(idx)
+        if r:
+            out["nvml"].append({**r, "when": "profile_start"})
+    # warm-up
+    for _ in range(cfg.warmup_calls):
+        eager()
+        if compiled is not None:
+            comp()
+    if cfg.warmup_calls:
+        _run(cand, {"op": "time", "calls": cfg.warmup_calls, "flush_bytes": cfg.l2_flush_bytes}, left(), "profile warm-up")
+    one = time_calls(eager, (), 1, cuda, flush)
+    calls = max(1, min(cfg.max_calls_per_rep, math.ceil(cfg.min_rep_ms / max(one, 1e-6))))
+    impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
+    samples: dict[str, list[float]] = {k: [] for k in impls}
+    walls: list[float] = []
+    for r in range(cfg.reps):
+        order = impls[r % len(impls):] + impls[: r % len(impls)]
+        for im in order:
+            if im == "eager":
+                samples[im].append(time_calls(eager, (), calls, cuda, flush))
+            elif im == "compiled":
+                samples[im].append(time_calls(comp, (), calls, cuda, flush))
+            else:
+                tw = time.perf_counter()
+                reply = _run(cand, {"op": "time", "calls": calls, "flush_bytes": cfg.l2_flush_bytes}, left(), "profile")
+                walls.append((time.perf_counter() - tw) * 1e3 / calls)
+                ms = float(reply.get("ms_per_call", float("nan")))
+                if not (ms > 0 and math.isfinite(ms)):
+                    raise StageFailure(Status.RUNTIME_ERROR, f"profile: the candidate reported a bad time {ms!r}")
+                samples[im].append(ms)
+    if cuda:
+        r = _nvml(torch.device(device).index or 0)
+        if r:
+            out["nvml"].append({**r, "when": "profile_end"})
+    extra = None
+    if cfg.check_timed_outputs:
+        reply = _run(cand, {"op": "last_outputs"}, cfg.trial_timeout_s, "profile")
+        extra = _check_reply(reply, ref_out, atol, rtol, cfg.num_trials)
+    se = bootstrap_speedup(samples["eager"], samples["candidate"], cfg.bootstrap_samples, cfg.ci_level)
+    sc = (bootstrap_speedup(samples["compiled"], samples["candidate"], cfg.bootstrap_samples, cfg.ci_level)
+          if compiled is not None else None)
+    level, why = milestone(se, sc, cfg.faster_than_eager, cfg.faster_than_compile, cfg.top_margin)
+    state.last_baselines = {k: v for k, v in samples.items() if k != "candidate"}
+    timing = TimingStats(
+        device=torch.cuda.get_device_name(device) if cuda else "cpu",
+        calls_per_rep=calls, warmup_calls=cfg.warmup_calls,
+        eager=distribution(samples["eager"]),
+        compiled=distribution(samples["compiled"]) if compiled is not None else None,
+        candidate=distribution(samples["candidate"]),
+        speedup_eager=se, speedup_compile=sc, candidate_wall_ms=walls, baseline_policy="interleaved",
+        milestone=level, milestone_reason=why,
+    )
+    return timing, extra
+
+
+# ----------------------------------------------------------------------------------------------------- process
+def worker_main(conn: Any, cfg_dict: dict) -> None:
+    """Entry point of the trusted worker process (multiprocessing, spawn). Serves jobs until 'exit' or EOF."""
+    cfg = SandboxConfig(**cfg_dict)
+    torch.set_num_threads(cfg.cpu_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
+    cache: collections.OrderedDict = collections.OrderedDict()
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        op = job.get("op")
+        if op == "exit":
+            return
+        try:
+            if op == "evaluate":
+                res = run_job(job, cache, cfg)
+            elif op == "ping":
+                res = {"ok": True, "pid": os.getpid()}
+            else:
+                res = {"status": Status.INTERNAL_ERROR.value, "message": f"unknown op {op!r}"}
+        except Exception as e:  # noqa: BLE001 - the worker keeps serving
+            res = {"status": Status.INTERNAL_ERROR.value, "message": f"trusted worker: {type(e).__name__}: {e}",
+                   "detail": traceback.format_exc()[-2000:]}
+        try:
+            conn.send(res)
+        except (OSError, ValueError):
+            return
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m sandbox.reference_worker --fd N --config JSON`: serve jobs on the inherited socket fd N."""
+    import argparse
+    import json
+    from multiprocessing.connection import Connection
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args(argv)
+    _pdeathsig()
+    worker_main(Connection(a.fd), json.loads(a.config))
+
+
+if __name__ == "__main__":
+    main()

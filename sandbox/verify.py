@@ -1,0 +1,95 @@
+"""Compare a candidate's outputs with the reference's (runs on the trusted side, on CPU copies).
+
+Rules (KernelBench's, made strict): same structure (one tensor, or a tuple/list of tensors of the same length;
+tuple and list are interchangeable), same shapes and dtypes, and every element within
+`|cand - ref| <= atol + rtol * |ref|`. Where the reference is finite, the candidate must be finite (a NaN there
+usually means memory the kernel never wrote, which the guard poisoned); where the reference is NaN / +-Inf the
+candidate must match it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from sandbox.result import TrialResult
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor] | None:
+    """[tensor] for a tensor, the list for a tuple/list of tensors, None for anything else."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and out and all(isinstance(t, torch.Tensor) for t in out):
+        return list(out)
+    return None
+
+
+def describe_structure(out: Any) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"tensor{tuple(out.shape)} {out.dtype}"
+    if isinstance(out, (tuple, list)):
+        return f"{type(out).__name__} of {len(out)}: [" + ", ".join(describe_structure(x) for x in out[:4]) + \
+            (", ..." if len(out) > 4 else "") + "]"
+    return type(out).__name__
+
+
+def compare(ref: Any, cand: Any, atol: float, rtol: float, index: int) -> TrialResult:
+    """One trial's verdict. ref, cand: model outputs (tensors on any device). Never raises for bad candidates."""
+    r = flatten_outputs(ref)
+    c = flatten_outputs(cand)
+    if r is None:
+        return TrialResult(index, False, message=f"reference returned {describe_structure(ref)} (not comparable)")
+    if c is None or len(c) != len(r) or (isinstance(ref, torch.Tensor) != isinstance(cand, torch.Tensor)):
+        return TrialResult(index, False, message=f"output structure differs: expected {describe_structure(ref)}, "
+                                                 f"got {describe_structure(cand)}")
+    max_abs = 0.0
+    max_rel = 0.0
+    mismatched = 0
+    numel = 0
+    problems: list[str] = []
+    for i, (rt, ct) in enumerate(zip(r, c)):
+        where = f"output {i}" if len(r) > 1 else "output"
+        if tuple(rt.shape) != tuple(ct.shape):
+            return TrialResult(index, False, message=f"{where}: shape {tuple(ct.shape)}, expected {tuple(rt.shape)}")
+        if rt.dtype != ct.dtype:
+            return TrialResult(index, False, message=f"{where}: dtype {ct.dtype}, expected {rt.dtype}")
+        numel += rt.numel()
+        if rt.numel() == 0:
+            continue
+        if rt.dtype == torch.bool:
+            bad = int((rt.cpu() != ct.cpu()).sum())
+            mismatched += bad
+            if bad:
+                problems.append(f"{where}: {bad} of {rt.numel()} boolean elements differ")
+            continue
+        rd = rt.detach().cpu().to(torch.float64) if not rt.is_complex() else torch.view_as_real(rt.detach().cpu()).double()
+        cd = ct.detach().cpu().to(torch.float64) if not ct.is_complex() else torch.view_as_real(ct.detach().cpu()).double()
+        r_fin = torch.isfinite(rd)
+        c_fin = torch.isfinite(cd)
+        nonfinite_bad = r_fin & ~c_fin
+        # where the reference is not finite, the candidate must be the same special value
+        special_bad = ~r_fin & ~((torch.isnan(rd) & torch.isnan(cd)) | (rd == cd))
+        both = r_fin & c_fin
+        diff = torch.where(both, (cd - rd).abs(), torch.zeros_like(rd))
+        tol = atol + rtol * rd.abs()
+        val_bad = both & (diff > tol)
+        n_nf, n_sp, n_val = int(nonfinite_bad.sum()), int(special_bad.sum()), int(val_bad.sum())
+        mismatched += n_nf + n_sp + n_val
+        if both.any():
+            max_abs = max(max_abs, float(diff.max()))
+            rel = torch.where(both, diff / (rd.abs() + 1e-12), torch.zeros_like(rd))
+            max_rel = max(max_rel, float(rel.max()))
+        if n_nf:
+            max_abs = math.inf
+            problems.append(f"{where}: {n_nf} of {rd.numel()} elements are NaN/Inf where the reference is finite "
+                            "(unwritten output memory reads as NaN)")
+        if n_sp:
+            problems.append(f"{where}: {n_sp} elements differ where the reference is NaN/Inf")
+        if n_val:
+            problems.append(f"{where}: {n_val} of {rd.numel()} elements outside atol={atol:g} + rtol={rtol:g}*|ref| "
+                            f"(max abs error {float(diff.max()):.4g})")
+    ok = mismatched == 0
+    return TrialResult(index, ok, max_abs_err=max_abs, max_rel_err=max_rel, mismatched=mismatched, numel=numel,
+                       message="; ".join(problems))
