@@ -44,18 +44,22 @@ class Hello(Message):
 @dataclasses.dataclass(frozen=True, eq=False)
 class Heartbeat(Message):
     """Liveness ping; the service answers with a Heartbeat. Fields: id (sender), seq (counter), time_s
-    (sender's clock, seconds since the epoch; informative only)."""
+    (sender's clock, seconds since the epoch; informative only), status (plain map a service may add to its
+    answers, e.g. the sandbox node's {"free": 3, "queued": 0, "running": 1, "workers": 4}; `free` is read by
+    `protocol.rpc.RpcClient` to spread requests by free capacity)."""
 
     TYPE: ClassVar[str] = "Heartbeat"
     id: str
     seq: int = 0
     time_s: float = 0.0
+    status: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         t = self.TYPE
         check_text(t, "id", self.id)
         set_field(self, "seq", check_int(t, "seq", self.seq, lo=0))
         set_field(self, "time_s", check_float(t, "time_s", self.time_s, lo=0.0))
+        set_field(self, "status", check_plain_map(t, "status", self.status))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

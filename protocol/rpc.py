@@ -5,15 +5,17 @@ Wire: client -> server frames = [request id, *message]; server -> client = [requ
 id is 1..64 bytes, the same on every resend of one request; an empty id marks session traffic (`Hello`,
 `Heartbeat`), which the server loop answers itself.
 
-Server (`RpcServer`): one loop thread owns the ROUTER. It answers heartbeats even while handlers are busy,
-refuses bad input with `Error(code="bad_message", field=...)` (logged and counted), and calls
+Server (`RpcServer`): one loop thread owns the ROUTER. It answers heartbeats even while handlers are busy
+(with the map its optional `status()` callable returns, e.g. the free capacity of a sandbox node), refuses bad input with `Error(code="bad_message", field=...)` (logged and counted), and calls
 `handler(request)` for each request. The handler returns the reply, or None and answers later from any
 thread with `request.reply(msg)` (work queued elsewhere). A resent request whose reply is cached is answered
 from the cache; one still running is not run twice. To shed load, a handler returns
 `Error(code="busy", retry_after_s=...)` (never cached).
 
 Client (`RpcClient`): one DEALER per endpoint, owned by a background thread. `submit` returns a Future.
-Every `heartbeat_s` it pings each endpoint; one silent for `liveness` heartbeats is dead: its socket is
+A request goes to the live, not-busy endpoint with the most free capacity: the `free` number of its last
+heartbeat status less the requests sent to it since, or, for a server that advertises none, the fewest
+requests of this client outstanding there. Every `heartbeat_s` it pings each endpoint; one silent for `liveness` heartbeats is dead: its socket is
 rebuilt and its requests go to another endpoint at once. A request with no reply within `timeout_s` is
 resent to another endpoint (`attempts` tries in all); a "busy" reply moves it to another endpoint without
 using up a try (waiting `retry_after_s` when every endpoint is busy) until `timeout_s * attempts` have
@@ -86,6 +88,8 @@ class RpcServer:
       limits: bounds on incoming messages (also ZMQ_MAXMSGSIZE).
       reply_cache: replies kept for answering resends.
       curve: CURVE server keys.
+      status: called in the loop thread for every heartbeat answer; returns a plain map (e.g. {"free": 2}),
+        sent as `Heartbeat.status`. It must be quick and never block; an exception is logged and sends {}.
 
     Counters in `stats`: requests, replies, resent_replies, duplicates, heartbeats, bad_messages,
     handler_errors, dropped_replies.
@@ -94,8 +98,10 @@ class RpcServer:
     def __init__(self, endpoint: str, handler: Callable[[RpcRequest], Message | None], *,
                  expect: Sequence[type[Message]], server_id: str = "server", role: str = "sandbox",
                  capabilities: dict[str, Any] | None = None, limits: Limits = RPC_LIMITS, reply_cache: int = 1024,
-                 queue_bytes: int = 1 << 30, curve: CurveServer | None = None):
+                 queue_bytes: int = 1 << 30, curve: CurveServer | None = None,
+                 status: Callable[[], dict[str, Any]] | None = None):
         self.handler = handler
+        self.status = status
         self.expect = tuple(expect)
         self.hello = Hello(role=role, id=server_id, capabilities=capabilities or {})
         self.server_id = server_id
@@ -188,7 +194,8 @@ class RpcServer:
             return True
         if isinstance(msg, Heartbeat):
             self.stats["heartbeats"] += 1
-            self._send(peer, b"", Heartbeat(id=self.server_id, seq=msg.seq, time_s=time.time()))
+            self._send(peer, b"", Heartbeat(id=self.server_id, seq=msg.seq, time_s=time.time(),
+                                            status=self._status()))
         elif isinstance(msg, Hello):
             self._send(peer, b"", self.hello)
         elif request_id in self._done:
@@ -210,6 +217,15 @@ class RpcServer:
             if out is not None:
                 self._send_reply(request_id, out)
         return True
+
+    def _status(self) -> dict[str, Any]:
+        if self.status is None:
+            return {}
+        try:
+            return self.status()
+        except Exception:  # a status bug must not take the service down
+            log.exception("rpc %s: status() failed", self.server_id)
+            return {}
 
     def _send_reply(self, request_id: bytes, msg: Message) -> None:
         peer = self._running.pop(request_id, None)
@@ -268,6 +284,13 @@ class _Endpoint:
     busy_until: float = 0.0
     hello: Hello | None = None
     load: int = 0
+    status: dict[str, Any] = dataclasses.field(default_factory=dict)  # last Heartbeat.status
+    free: float | None = None          # status["free"] when the server advertises it
+    sent_since_status: int = 0         # requests sent since that status arrived
+
+    def free_estimate(self) -> float:
+        """Free capacity as this client sees it (higher is better)."""
+        return self.free - self.sent_since_status if self.free is not None else -float(self.load)
 
 
 @dataclasses.dataclass(eq=False)
@@ -289,7 +312,8 @@ class RpcClient:
     """DEALER side of request/reply over one or more equivalent endpoints.
 
     Args:
-      endpoints: server addresses, e.g. ["tcp://node-a:5557", "tcp://node-b:5557"].
+      endpoints: server addresses, e.g. ["tcp://node-a:5557", "tcp://node-b:5557"]; among equally loaded
+        live endpoints a request goes to the first in this order.
       expect: reply message classes (an `Error` is always accepted and fails the Future).
       client_id: this client's id (its `Hello`).
       heartbeat_s: ping interval per endpoint; liveness: missed pings before an endpoint is dead.
@@ -357,6 +381,22 @@ class RpcClient:
 
     def alive_endpoints(self) -> list[str]:
         return [e.address for e in self._endpoints if e.alive]
+
+    def endpoint_status(self) -> dict[str, dict[str, Any]]:
+        """Per endpoint: alive, busy (until a "busy" reply's retry time), outstanding (this client's requests
+        there) and status (the server's last `Heartbeat.status`). A snapshot, safe from any thread."""
+        now = time.monotonic()
+        return {e.address: {"alive": e.alive, "busy": e.busy_until > now, "outstanding": e.load,
+                            "status": dict(e.status)} for e in list(self._endpoints)}
+
+    def wait_connected(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every endpoint has answered the opening `Hello`; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while any(e.hello is None for e in self._endpoints):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def server_hello(self, address: str) -> Hello | None:
         """The `Hello` the server at `address` answered with, once it has."""
@@ -429,6 +469,11 @@ class RpcClient:
             if not rid:
                 if isinstance(msg, Hello):
                     e.hello = msg
+                elif isinstance(msg, Heartbeat) and msg.status:
+                    e.status = msg.status
+                    free = msg.status.get("free")
+                    e.free = float(free) if isinstance(free, (int, float)) and not isinstance(free, bool) else None
+                    e.sent_since_status = 0
                 continue
             p = self._pending.get(rid)
             if p is None:
@@ -460,6 +505,8 @@ class RpcClient:
             for e in self._endpoints:
                 if e.alive and now - e.last_seen > self.heartbeat_s * self.liveness:
                     self._declare_dead(e)
+                if e.hello is None:
+                    self._send_session(e, Hello(role="client", id=self.client_id))
                 self._send_session(e, Heartbeat(id=self.client_id, seq=self._hb_seq))
             self._next_heartbeat = now + self.heartbeat_s
         for rid, p in list(self._pending.items()):
@@ -499,7 +546,7 @@ class RpcClient:
             busy = [e.busy_until for e in self._endpoints if e.alive]
             p.not_before = min(busy) if busy else now + 0.05
             return
-        ready.sort(key=lambda e: (e.address in p.tried, e.load))
+        ready.sort(key=lambda e: (e.address in p.tried, -e.free_estimate(), e.load))
         for e in ready:
             try:
                 e.sock.send_multipart([p.rid, *p.frames], flags=zmq.NOBLOCK, copy=False)
@@ -510,6 +557,7 @@ class RpcClient:
             p.tried.add(e.address)
             p.endpoint = e
             e.load += 1
+            e.sent_since_status += 1
             p.attempt_deadline = now + p.timeout_s
             return
         p.not_before = now + 0.05

@@ -201,6 +201,8 @@ class EvalResult:
         rlimits, network.
       nvml: GPU readings (clocks MHz, temperature C, utilisation %, power W) at the start and end of profiling.
       log: further notes (state_dict keys that did not match, worker replaced, ...).
+      contended: the device's timing lock (sandbox.service_lock) could not be had for this evaluation, so other
+        work may have shared the device while it was timed: re-measure before trusting the reward.
     """
 
     status: str
@@ -218,6 +220,7 @@ class EvalResult:
     isolation: dict[str, Any] = dataclasses.field(default_factory=dict)
     nvml: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     log: list[str] = dataclasses.field(default_factory=list)
+    contended: bool = False
 
     def __post_init__(self) -> None:
         allowed = {s.value for s in Status}
@@ -255,6 +258,7 @@ class EvalResult:
             "isolation": dict(self.isolation),
             "nvml": [dict(r) for r in self.nvml],
             "log": list(self.log),
+            "contended": bool(self.contended),
         }
 
     @classmethod
