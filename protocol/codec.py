@@ -9,8 +9,8 @@ Frames of one message (a ZeroMQ multipart message; a socket pattern may put enve
 
 Decoding is zero-copy for arrays in one frame: `np.frombuffer` over the received ZeroMQ frame (the array is
 read-only and keeps the frame alive). A split array is joined into one new buffer (one copy). Every size is
-bounded by `Limits` before anything is allocated, map keys must be str, and the message class named in the
-header must be one the caller expects.
+bounded by `Limits` before anything is allocated, map keys must be str (checked per field, so the error
+names the map), and the message class named in the header must be one the caller expects.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def encode(msg: Message, *, split_bytes: int = SPLIT_BYTES) -> list[Any]:
     for name, arr in msg.wire_arrays().items():
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        arr = np.ascontiguousarray(arr)
+        arr = arr if arr.flags.c_contiguous else arr.copy(order="C")  # (ascontiguousarray turns 0-d into 1-d)
         raw = memoryview(arr.reshape(-1).view(np.uint8))
         parts = [raw[i:i + split_bytes] for i in range(0, len(raw), split_bytes)] or [raw]
         table.append([name, dtype_name(arr.dtype), list(arr.shape), len(parts)])
@@ -149,7 +149,7 @@ def decode(frames: Sequence[Any], expect: Sequence[type[M]], limits: Limits = Li
         raise ProtocolError("header", f"{head.nbytes} bytes exceeds {limits.max_header_bytes}")
     try:
         header = msgpack.unpackb(
-            head, strict_map_key=True, max_str_len=limits.max_str_bytes, max_bin_len=0, max_ext_len=0,
+            head, strict_map_key=False, max_str_len=limits.max_str_bytes, max_bin_len=0, max_ext_len=0,
             max_array_len=limits.max_items, max_map_len=limits.max_items,
         )
     except Exception as e:  # msgpack raises several types (ExtraData, ValueError, FormatError, ...)

@@ -513,14 +513,15 @@ class RpcClient:
             if p.future.cancelled():
                 self._unassign(p)
                 del self._pending[rid]
-            elif now >= p.give_up_at:
-                self._fail(p, f"no reply within {p.timeout_s * p.attempts:.1f} s ({len(p.tried)} endpoint(s) tried)")
             elif p.endpoint is not None and now >= p.attempt_deadline:
                 self.stats["timeouts"] += 1
                 self._unassign(p)
                 p.tries_left -= 1
-                if p.tries_left <= 0:
-                    self._fail(p, f"no reply after {len(p.tried)} tries of {p.timeout_s:.1f} s")
+                if p.tries_left <= 0 or now >= p.give_up_at:
+                    self._fail(p, f"no reply after {p.attempts - p.tries_left} tries of {p.timeout_s:.1f} s "
+                                  f"({len(p.tried)} endpoint(s))")
+            elif p.endpoint is None and now >= p.give_up_at:
+                self._fail(p, f"no endpoint answered within {p.timeout_s * p.attempts:.1f} s")
             if rid in self._pending and p.endpoint is None and now >= p.not_before:
                 self._dispatch(p, now)
 
@@ -558,7 +559,7 @@ class RpcClient:
             p.endpoint = e
             e.load += 1
             e.sent_since_status += 1
-            p.attempt_deadline = now + p.timeout_s
+            p.attempt_deadline = min(now + p.timeout_s, p.give_up_at)
             return
         p.not_before = now + 0.05
 

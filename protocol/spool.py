@@ -166,7 +166,7 @@ class TrajectorySpool:
                 f.seek(pos.offset)
                 at = pos.offset
                 while at < sizes[seg] and len(out) < max_records:
-                    rec = _read_record(f, verify=True)
+                    rec = _read_record(f, sizes[seg] - at, verify=True)
                     if rec is None:
                         raise ProtocolError("spool", f"corrupt record in {self._path(seg)} at byte {at}")
                     out.append(decode(rec[1], (Trajectory,), _READ_LIMITS))
@@ -254,8 +254,8 @@ class TrajectorySpool:
         at = 0
         with open(path, "rb") as f:
             while at < size:
-                rec = _read_record(f, verify=verify, ids_only=not verify)
-                if rec is None or at + rec[2] > size:
+                rec = _read_record(f, size - at, verify=verify, ids_only=not verify)
+                if rec is None:
                     break
                 self._seen.add(rec[0])
                 at += rec[2]
@@ -270,14 +270,16 @@ class TrajectorySpool:
         ids, size = [], self._sizes[seg]
         with open(self._path(seg), "rb") as f:
             at = 0
-            while at < size and (rec := _read_record(f, verify=False, ids_only=True)) is not None:
+            while at < size and (rec := _read_record(f, size - at, verify=False, ids_only=True)) is not None:
                 ids.append(rec[0])
                 at += rec[2]
         return ids
 
 
-def _read_record(f: Any, *, verify: bool, ids_only: bool = False) -> tuple[str, list[memoryview], int] | None:
-    """Read the record at the file position: (episode id, frames, record bytes), or None when torn/corrupt.
+def _read_record(f: Any, remaining: int, *, verify: bool,
+                 ids_only: bool = False) -> tuple[str, list[memoryview], int] | None:
+    """Read the record at the file position: (episode id, frames, record bytes), or None when torn/corrupt
+    (including a record claiming more than the `remaining` bytes of the file).
 
     With `ids_only` the frames are skipped (seek) and returned empty.
     """
@@ -289,6 +291,8 @@ def _read_record(f: Any, *, verify: bool, ids_only: bool = False) -> tuple[str, 
     if magic != _MAGIC or id_len + 8 * nframes > body_len:
         return None
     total = len(head) + body_len
+    if total > remaining:
+        return None
     if ids_only:
         ident = f.read(id_len)
         if len(ident) != id_len:

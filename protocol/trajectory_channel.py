@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import msgpack
 import zmq
 
 from protocol.auth import CurveClient, CurveServer
@@ -54,13 +55,16 @@ class TrajectoryReceiver:
       queue_bytes: receive queue bound in bytes (the HWM is derived from it and the frame limit).
       limits: bounds on incoming messages.
       curve: CURVE server keys; with them only authorised actors get through.
+      on_stored: called in the receiver thread with the episode ids just made durable, before they are
+        acked (e.g. to wake the learner's buffer); it must not block for long.
 
     Counters in `stats`: received, stored, duplicates, bad_messages, acks_dropped, batches.
     """
 
     def __init__(self, endpoint: str, spool: TrajectorySpool | str | Path, *, learner_id: str = "learner",
                  max_batch: int = 256, queue_bytes: int = 512 << 20, limits: Limits = TRAJECTORY_LIMITS,
-                 curve: CurveServer | None = None):
+                 curve: CurveServer | None = None, on_stored: Callable[[list[str]], None] | None = None):
+        self.on_stored = on_stored
         self.spool = spool if isinstance(spool, TrajectorySpool) else TrajectorySpool(spool)
         self.learner_id = learner_id
         self.max_batch = max_batch
@@ -104,7 +108,7 @@ class TrajectoryReceiver:
             try:
                 msg = decode(frames[1:], (Trajectory, Hello, Heartbeat), self.limits)
             except ProtocolError as e:
-                self._bad([peer], e)
+                self._bad([peer], e, _episode_id_of(frames[1], self.limits) if len(frames) > 1 else "")
                 continue
             if isinstance(msg, Trajectory):
                 self.stats["received"] += 1
@@ -123,6 +127,8 @@ class TrajectoryReceiver:
         self.spool.append(fresh)  # durable (fdatasync) before any ack below
         self.stats["batches"] += 1
         self.stats["stored"] += len(fresh)
+        if self.on_stored is not None and fresh:
+            self.on_stored([eid for eid, _ in fresh])
         for peer, traj, _ in batch:
             status = "stored" if traj.episode_id in fresh_ids else "duplicate"
             fresh_ids.discard(traj.episode_id)  # a second copy in the same batch is a duplicate
@@ -130,12 +136,13 @@ class TrajectoryReceiver:
                 self.stats["duplicates"] += 1
             self._reply(peer, TrajectoryAck(episode_id=traj.episode_id, status=status))
 
-    def _bad(self, envelope: list[Any], err: ProtocolError) -> None:
+    def _bad(self, envelope: list[Any], err: ProtocolError, episode_id: str = "") -> None:
         self.stats["bad_messages"] += 1
         log.warning("trajectory receiver: bad message: %s", err)
         if envelope:
             peer = envelope[0].bytes if isinstance(envelope[0], zmq.Frame) else envelope[0]
-            self._reply(peer, Error(code="bad_message", field=err.field[:512], message=str(err)[:4096]))
+            self._reply(peer, Error(code="bad_message", field=err.field[:512], message=str(err)[:4096],
+                                    request_id=episode_id))
 
     def _reply(self, peer: bytes, msg: Any) -> None:
         try:
@@ -158,6 +165,19 @@ class TrajectoryReceiver:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _episode_id_of(header: zmq.Frame, limits: Limits) -> str:
+    """Best effort: the episode id in a refused Trajectory's header, so the actor can drop it ("" if none)."""
+    try:
+        if len(header) > limits.max_header_bytes:
+            return ""
+        h = msgpack.unpackb(header.buffer, max_str_len=limits.max_str_bytes, max_bin_len=0, max_ext_len=0,
+                            max_array_len=limits.max_items, max_map_len=limits.max_items, strict_map_key=False)
+        eid = h["body"]["episode_id"] if h.get("type") == "Trajectory" else ""
+        return eid if isinstance(eid, str) and 0 < len(eid) <= 256 else ""
+    except Exception:
+        return ""
 
 
 class _Item:

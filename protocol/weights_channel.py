@@ -110,7 +110,7 @@ class WeightsPublisher:
         """
         if self._newest is not None and version <= self._newest:
             raise ValueError(f"version {version} is not above the newest published version {self._newest}")
-        arrays = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
+        arrays = {name: a if a.flags.c_contiguous else a.copy(order="C") for name, a in tensors.items()}
         for a in arrays.values():
             dtype_name(a.dtype)
         offsets, total = plan_layout(arrays)
