@@ -17,6 +17,7 @@ shuffled minibatches through `policy_train_step` and `critic_train_step`.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Optional
 
@@ -26,7 +27,9 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from learner import ppo
+from jax.sharding import Mesh
+
+from learner import ppo, sharding
 from learner.config import OptimizerConfig, PPOConfig
 
 Array = jax.Array
@@ -91,8 +94,12 @@ class CriticBatch:
     old_values: Array
 
 
+@functools.lru_cache(maxsize=64)
 def make_optimizer(cfg: OptimizerConfig) -> tuple[optax.GradientTransformation, Callable]:
     """AdamW with linear warm-up then cosine / linear / constant decay, after global-norm clipping.
+
+    Cached per config: equal configs give the same (static) transformation, so restored or rebuilt train
+    states reuse the compiled steps instead of compiling them again.
 
     Weight decay applies to matrices only (parameters with ndim >= 2), not to norms' scales and biases.
     Returns the transformation and its learning-rate schedule (step -> lr).
@@ -124,12 +131,22 @@ def make_optimizer(cfg: OptimizerConfig) -> tuple[optax.GradientTransformation, 
     return optax.chain(*parts), sched
 
 
-def create_train_state(model: nnx.Module, optim: OptimizerConfig, ppo_cfg: PPOConfig | None = None) -> TrainState:
-    """Split `model` and initialise its optimiser. Parameters keep the sharding they have."""
+def create_train_state(
+    model: nnx.Module,
+    optim: OptimizerConfig,
+    ppo_cfg: PPOConfig | None = None,
+    mesh: Mesh | None = None,
+    rules=sharding.DEFAULT_RULES,
+) -> TrainState:
+    """Split `model` and initialise its optimiser.
+
+    With a `mesh`, every array of the state (parameters, optimiser moments, step) is placed by the logical
+    partition `rules` (`learner.sharding`); without one, arrays stay where they are.
+    """
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx, sched = make_optimizer(optim)
     opt_state = jax.jit(tx.init)(params)
-    return TrainState(
+    state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
         rest=rest,
@@ -139,6 +156,9 @@ def create_train_state(model: nnx.Module, optim: OptimizerConfig, ppo_cfg: PPOCo
         lr_schedule=sched,
         ppo=ppo_cfg if ppo_cfg is not None else PPOConfig(),
     )
+    if mesh is not None:
+        state = sharding.shard_tree(state, mesh, rules)
+    return state
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -357,6 +377,7 @@ def ppo_update(
     rollout: RolloutBatch,
     key: Array,
     ref_params: Any = None,
+    mesh: Mesh | None = None,
 ) -> tuple[TrainState, TrainState, dict[str, float]]:
     """One PPO update on a rollout batch (Python loop over jitted steps).
 
@@ -371,6 +392,8 @@ def ppo_update(
       rollout: `[N, T]` rows; N must be a multiple of `ppo.minibatch_size`.
       key: PRNG key for the minibatch shuffle.
       ref_params: nnx.State of the frozen reference policy (same graphdef as `policy`), or None.
+      mesh: when given, every microbatch `[M, b, T]` is laid out with its b rows on (data, fsdp); b must be
+        divisible by data * fsdp.
     Returns the new states and metrics averaged over the minibatches, plus `ppo/explained_variance`
     (critic values at update start vs returns), advantage and return statistics and `ppo/update_tokens_per_s`.
     Raises ValueError when N is not a multiple of the minibatch size.
@@ -381,7 +404,12 @@ def ppo_update(
     if n % cfg.minibatch_size:
         raise ValueError(f"rollout has {n} rows, not a multiple of ppo.minibatch_size={cfg.minibatch_size}")
     micro = cfg.microbatch_size
-    seq_m = jax.tree.map(lambda x: _micro(x, micro), rollout.seq)
+
+    def to_micro(tree):
+        tree = jax.tree.map(lambda x: _micro(x, micro), tree)
+        return tree if mesh is None else sharding.shard_batch(tree, mesh, row_axis=1)
+
+    seq_m = to_micro(rollout.seq)
     values = critic_values(critic, seq_m).reshape(rollout.seq.tokens.shape)
     prox, _ = policy_logprobs(policy, seq_m)
     prox = prox.reshape(rollout.seq.tokens.shape)
@@ -402,8 +430,7 @@ def ppo_update(
         for i in range(steps_per_epoch):
             idx = perm[i * cfg.minibatch_size : (i + 1) * cfg.minibatch_size]
             pb, cb = _take_rows((full, full_critic), idx)
-            pb = jax.tree.map(lambda x: _micro(x, micro), pb)
-            cb = jax.tree.map(lambda x: _micro(x, micro), cb)
+            pb, cb = to_micro(pb), to_micro(cb)
             policy, pm = policy_train_step(policy, pb)
             critic, cm = critic_train_step(critic, cb)
             per_step.append({**pm, **cm})

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _rollouts import micro, multiturn_rollout, rollout_for  # noqa: E402
 from _tiny_models import TinyConfig, TinyLM, make_critic, make_policy  # noqa: E402
 
 from learner import train_step as ts  # noqa: E402
@@ -20,42 +21,6 @@ from learner.config import OptimizerConfig, PPOConfig  # noqa: E402
 
 T = 40
 OPT0 = OptimizerConfig(lr=0.0, warmup_steps=0, grad_clip_norm=None)
-
-
-def multiturn_rollout(n_rows: int, seed: int = 0, turns: int = 3, vocab: int = 32):
-    """Rows of one trajectory each: prompt, then `turns` assistant spans separated by observation spans."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, vocab, (n_rows, T)).astype(np.int32)
-    mask = np.zeros((n_rows, T), np.float32)
-    seg = np.zeros((n_rows, T), np.int32)
-    rewards = np.zeros((n_rows, T), np.float32)
-    for b in range(n_rows):
-        t = 3
-        length = int(rng.integers(T // 2, T + 1))
-        for _ in range(turns):
-            n_act = int(rng.integers(2, 6))
-            mask[b, t : min(t + n_act, length)] = 1
-            t += n_act + int(rng.integers(2, 5))
-            if t >= length:
-                break
-        seg[b, :length] = 1
-        last = np.nonzero(mask[b])[0][-1]
-        rewards[b, last] = rng.integers(-1, 4)
-    pos = np.tile(np.arange(T, dtype=np.int32), (n_rows, 1)) * (seg > 0)
-    seq = ts.SequenceBatch(*(jnp.asarray(x) for x in (tokens, pos, seg, mask)))
-    return seq, jnp.asarray(rewards)
-
-
-def micro(tree, m):
-    return jax.tree.map(lambda x: x.reshape((m, -1) + x.shape[1:]), tree)
-
-
-def rollout_for(policy, n_rows, seed=0, noise=0.1):
-    seq, rewards = multiturn_rollout(n_rows, seed)
-    lp, _ = ts.policy_logprobs(policy, micro(seq, 1))
-    rng = np.random.default_rng(seed + 1)
-    behav = lp.reshape(n_rows, T) + noise * rng.normal(size=(n_rows, T)).astype(np.float32)
-    return ts.RolloutBatch(seq, behav, rewards)
 
 
 def test_first_minibatch_ratio_is_exactly_one_at_lr_zero():
@@ -130,7 +95,7 @@ def test_no_gradient_flows_from_observation_or_padding_tokens():
     cfg = PPOConfig(minibatch_size=n, microbatch_size=n, entropy_coef=0.01, kl_coef=0.1, value_clip_eps=0.2)
     opt = OptimizerConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0)
     policy = ts.create_train_state(model, opt, cfg)
-    seq, rewards = multiturn_rollout(n, seed=5)
+    seq, rewards = multiturn_rollout(n, T, seed=5)
     mask = np.asarray(seq.loss_mask)
     assert mask.sum() > 0 and (mask == 0).sum() > 0
     prox, _ = ts.policy_logprobs(policy, micro(seq, 1))
@@ -150,7 +115,7 @@ def test_no_gradient_flows_from_observation_or_padding_tokens():
 def test_critic_step_fits_returns_and_value_clip_limits_the_move():
     cfg = PPOConfig(minibatch_size=4, microbatch_size=2, value_clip_eps=None)
     critic = ts.create_train_state(make_critic(), OptimizerConfig(lr=1e-2, warmup_steps=0), cfg)
-    seq, rewards = multiturn_rollout(4, seed=2)
+    seq, rewards = multiturn_rollout(4, T, seed=2)
     ret = jnp.where(seq.loss_mask > 0, 1.5, 0.0)
     old = ts.critic_values(critic, micro(seq, 2))
     batch = ts.CriticBatch(micro(seq, 2), micro(ret, 2), old)
@@ -168,7 +133,7 @@ def test_critic_step_fits_returns_and_value_clip_limits_the_move():
 
 def test_sft_step_learns_a_fixed_batch():
     policy = ts.create_train_state(make_policy(), OptimizerConfig(lr=1e-2, warmup_steps=0), PPOConfig())
-    seq, _ = multiturn_rollout(4, seed=3)
+    seq, _ = multiturn_rollout(4, T, seed=3)
     batch = micro(seq, 2)
     nll = []
     for _ in range(40):
