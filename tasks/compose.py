@@ -31,6 +31,41 @@ FILLER_WEIGHTS = {
 }
 
 
+# Sign bookkeeping, so that the composer does not emit operators that are the identity on their input
+# (the filter would reject them as `no_effect_op`; avoiding them raises the acceptance rate).
+NONNEG_OUTPUT = frozenset({
+    "relu", "relu6", "sigmoid", "softplus", "hardsigmoid", "abs", "square", "exp", "sqrt", "rsqrt", "reciprocal",
+    "log1p", "softmax", "softmin", "vector_norm", "std", "var", "pairwise_distance", "mse_loss", "l1_loss",
+    "smooth_l1_loss", "huber_loss", "bce_with_logits", "soft_margin_loss", "cross_entropy", "kl_div",
+    "local_response_norm",
+})
+KEEPS_NONNEG = frozenset({
+    "max_pool1d", "avg_pool1d", "max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool2d",
+    "adaptive_avg_pool1d", "adaptive_max_pool2d", "lp_pool2d", "sum", "mean", "amax", "amin", "max_dim",
+    "cumsum", "cummax", "cummin", "cumprod", "flip", "roll", "pad", "upsample_nearest", "upsample_bilinear",
+    "pixel_shuffle", "pixel_unshuffle", "transpose", "flatten", "scale", "hardtanh", "clamp", "relu6", "sqrt",
+    "maximum", "l2_normalize", "sdpa", "sdpa_causal", "sdpa_cross",
+})
+IDENTITY_ON_NONNEG = frozenset({"relu", "prelu", "leaky_relu", "elu", "celu", "abs", "relu6"})
+# (previous, next) pairs where `next` makes `previous` pointless.
+REDUNDANT_PAIRS = frozenset({
+    ("log_softmax", "cross_entropy"), ("log_softmax", "kl_div"), ("log_softmax", "log_softmax"),
+    ("neg", "abs"), ("neg", "square"), ("neg", "cos"), ("abs", "square"), ("relu", "relu6"),
+    ("sigmoid", "hardsigmoid"), ("flip", "cumsum"), ("roll", "softmax"), ("roll", "sum"), ("flip", "sum"),
+    ("roll", "mean"), ("flip", "mean"), ("roll", "amax"), ("flip", "amax"), ("roll", "logsumexp"),
+})
+
+
+def nonneg_after(op: str, was_nonneg: bool) -> bool:
+    """Whether the running value is known to be >= 0 after `op`."""
+    return op in NONNEG_OUTPUT or (was_nonneg and op in KEEPS_NONNEG)
+
+
+def redundant(prev: str | None, op: str, nonneg: bool) -> bool:
+    """`op` would have no effect on (or undo the effect of) what precedes it."""
+    return (nonneg and op in IDENTITY_ON_NONNEG) or (prev, op) in REDUNDANT_PAIRS
+
+
 class ComposeError(RuntimeError):
     """No valid composition was found for the request (category, depth) within the attempt budget."""
 
@@ -106,18 +141,19 @@ class GraphComposer:
         b = Builder()
         x = start_value(b, rng.choice(starts), rng)
         last: str | None = None
+        nonneg = False
         for i in range(depth):
             final = i == depth - 1
             if i == pos:
-                pool = [anchor] if anchor.applicable(x) else []
+                pool = [anchor] if anchor.applicable(x) and not redundant(last, anchor.name, nonneg) else []
             elif i < pos:
                 pool = [o for o in self.registry if o.preserves_shape and o.category != category
-                        and o.applicable(x) and o.name != last]
+                        and o.applicable(x) and o.name != last and not redundant(last, o.name, nonneg)]
                 if not anchor.layouts & {x.layout}:  # keep the anchor reachable
                     pool = []
             else:
                 pool = [o for o in self.registry if o.applicable(x) and o.name != last
-                        and (final or not o.terminal)]
+                        and (final or not o.terminal) and not redundant(last, o.name, nonneg)]
             applied = None
             for _ in range(8):
                 if not pool:
@@ -131,6 +167,7 @@ class GraphComposer:
                 return None
             b, x = applied
             last = b.ops[-1]
+            nonneg = nonneg_after(last, nonneg)
             if x.layout == "scalar" and not final:
                 return None
         if pos >= depth:
@@ -165,7 +202,8 @@ class GraphComposer:
                 operators=tuple(b.ops),
                 shape_params=dict(b.params),
                 metadata={"depth": len(b.ops), "anchor": anchor.name, "op_categories": list(b.categories),
-                          "size": "cpu"},
+                          "size": "cpu", "op_lines": [list(x) for x in b.op_lines],
+                          "op_preserves_shape": list(b.op_preserves)},
                 provenance={"composer": "graph", "composer_version": COMPOSER_VERSION, "seed": cfg.seed,
                             "index": index, "attempt": attempt},
             )

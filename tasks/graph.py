@@ -96,6 +96,9 @@ class Builder:
     ops: list[str] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
     history: list[tuple[Value, int]] = field(default_factory=list)  # chain values and the line after which they exist
+    op_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each op in `lines`
+    op_preserves: list[bool] = field(default_factory=list)  # op output has its input's shape and layout
+    op_lines: list[tuple[int, int]] = field(default_factory=list)  # after render: 1-based first/last source line
     _saved: dict[int, str] = field(default_factory=dict)
     _save_points: dict[int, int] = field(default_factory=dict)
     _names: set[str] = field(default_factory=set)
@@ -135,10 +138,14 @@ class Builder:
 
     def emit(self, stmt: str, out: Value, op: str, category: str) -> Value:
         """Add forward statement(s) (`{x}` is the running value; default form `x = <expr>`)."""
+        before = self.history[-1][0] if self.history else None
+        start = len(self.lines)
         for line in stmt.split("\n"):
             self.lines.append(line.replace("{x}", "x"))
         self.ops.append(op)
         self.categories.append(category)
+        self.op_spans.append((start, len(self.lines)))
+        self.op_preserves.append(before is not None and before.same_shape(out) and before.layout == out.layout)
         self.history.append((out, len(self.lines)))
         return out
 
@@ -163,8 +170,10 @@ class Builder:
                 used.add(name)
         return [n for n in self.params if n in used]
 
-    def forward_lines(self) -> list[str]:
+    def forward_lines(self) -> tuple[list[str], list[int]]:
+        """Forward body lines (residual saves inserted) and, per entry of `lines`, its index in the body."""
         out: list[str] = []
+        where: list[int] = []
         # save points refer to positions in self.lines: insert `name = x` after them
         by_point: dict[int, list[str]] = {}
         for idx, name in self._saved.items():
@@ -172,11 +181,12 @@ class Builder:
         for name in by_point.get(0, []):
             out.append(f"{name} = x")
         for i, line in enumerate(self.lines, 1):
+            where.append(len(out))
             out.append(line)
             for name in by_point.get(i, []):
                 out.append(f"{name} = x")
         out.append("return x")
-        return out
+        return out, where
 
     def render(self, doc: str) -> str:
         """The reference source, KernelBench format: imports, shape parameters, Model, get_inputs, get_init_inputs."""
@@ -192,7 +202,10 @@ class Builder:
         for name, ctor in self.modules:
             parts.append(f"        self.{name} = {ctor}")
         parts += ["", f"    def forward(self, {fwd_args}):"]
-        parts += ["        " + line for line in self.forward_lines()]
+        body, where = self.forward_lines()
+        first_body_line = len("\n".join(parts).split("\n")) + 1  # 1-based source line of body[0]
+        self.op_lines = [(first_body_line + where[a], first_body_line + where[b - 1]) for a, b in self.op_spans]
+        parts += ["        " + line for line in body]
         parts += ["", "", "def get_inputs():"]
         if len(self.inputs) == 1:
             parts.append(f"    return [{self.inputs[0].ctor}]")

@@ -110,6 +110,7 @@ def _tensor_bytes(x: Any) -> int:
 
 
 def _make_tracer(result: TraceResult):
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
@@ -132,7 +133,11 @@ def _make_tracer(result: TraceResult):
             result.total_bytes += nbytes
             result.total_flops += flops
             result.max_op_bytes = max(result.max_op_bytes, nbytes)
-            if name not in IGNORED_OPS:
+            bookkeeping = (  # e.g. BatchNorm's num_batches_tracked += 1
+                func._schema.is_mutable and args and isinstance(args[0], torch.Tensor)
+                and not args[0].is_floating_point()
+            )
+            if name not in IGNORED_OPS and not bookkeeping:
                 result.ops.append(OpRecord(name, flops, nbytes))
             return out
 
