@@ -19,6 +19,9 @@ app = typer.Typer(
 
 def _mount() -> None:
     """Register the subcommands that exist. A package adds itself here once its command works."""
+    from sandbox.cli import app as sandbox_app
+
+    app.add_typer(sandbox_app, name="sandbox")
     from tasks.cli import app as tasks_app
 
     app.add_typer(tasks_app, name="tasks")

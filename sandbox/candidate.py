@@ -1,13 +1,16 @@
 """The candidate worker: the only process that imports and runs a solution's code.
 
 Started by the trusted side (sandbox.reference_worker) as
-`[unshare ...] python -m sandbox.candidate --fd-in N --fd-out M --workspace WS --device D --threads T [--jail SPEC]`.
-It confines itself first (`sandbox.jail.enter`), then installs the import hook (model_new.py may only import
-the allow-listed modules, `sandbox.static_check.allowed_imports`), and only then imports the solution.
+`[unshare ...] python -m sandbox.candidate --fd-in N --fd-out M --device D --threads T`, ahead of time (a spare:
+it imports torch, the slow part of a start, then waits). The first message, `setup` {workspace, format, jail,
+env}, makes it confine itself (`sandbox.jail.enter`); `load` then installs the import hook (model_new.py may only
+import the allow-listed modules, `sandbox.static_check.allowed_imports`) and only then imports the solution.
+Each spare serves exactly one evaluation and is killed with its whole process tree afterwards.
 It talks to the trusted side over two inherited pipes (`sandbox.wire`: msgpack, no pickle) and never sees a
 seed, the reference's outputs or the reference module object; it sees only input tensors and weights.
 
 Requests (map with "op") and replies:
+  setup {workspace, format, jail, env}      -> {ok}   (first message only)
   load  {init_inputs, state_dict, fmt}      -> {ok, log} | {ok: False, status, error, violations}
   run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated} | error
   time  {calls, flush_bytes}                -> {ok, ms_per_call, violations} | error   (on the last run's inputs)
@@ -217,31 +220,49 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd-in", type=int, required=True)
     ap.add_argument("--fd-out", type=int, required=True)
-    ap.add_argument("--workspace", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--format", default="cpu")
-    ap.add_argument("--jail", default="")
     a = ap.parse_args(argv)
-    if a.jail:
-        from sandbox.jail import JailError, JailSpec, enter
-
-        try:
-            enter(JailSpec.from_json(a.jail))
-        except (JailError, OSError) as e:
-            sys.stderr.write(f"sandbox: confinement failed: {e}\n")
-            os._exit(125)
-    ws = os.path.realpath(a.workspace)
-    os.chdir(ws)
-    sys.path.insert(0, ws)
+    # Trusted preparation while no candidate code is around: import torch (the slow part of a start), so a
+    # spare worker can be started ahead of the evaluation that will use it.
     import torch
 
     torch.set_num_threads(a.threads)
     from sandbox import wire
+    from sandbox.guard import ComputeGuard
 
-    w = Worker(ws, a.device, a.format)
+    # The first call under a TorchDispatchMode costs over a second (lazy imports in torch): pay it here.
+    x = torch.zeros(8)
+    with torch.no_grad(), ComputeGuard(poison=True):
+        torch.empty_like(x).view(2, 4).t().contiguous().clone()
+    del x
+
+    try:
+        setup = wire.recv(a.fd_in)
+    except (wire.ChannelClosed, ValueError):
+        os._exit(0)
+    if not isinstance(setup, dict) or setup.get("op") != "setup":
+        os._exit(2)
+    if setup.get("jail"):
+        from sandbox.jail import JailError, JailSpec, enter
+
+        try:
+            enter(JailSpec.from_json(setup["jail"]))
+        except (JailError, OSError) as e:
+            try:
+                wire.send(a.fd_out, {"ok": False, "status": "internal_error", "error": f"confinement failed: {e}",
+                                     "violations": []})
+            finally:
+                os._exit(125)
+    for k, v in (setup.get("env") or {}).items():
+        os.environ[str(k)] = str(v)
+    ws = os.path.realpath(setup["workspace"])
+    os.chdir(ws)
+    sys.path.insert(0, ws)
+    w = Worker(ws, a.device, setup.get("format", "cpu"))
     if w.cuda:
         torch.cuda.set_device(torch.device(a.device))
+    wire.send(a.fd_out, {"ok": True})
     handlers = {"load": w.load, "run": w.run, "time": w.time, "last_outputs": w.last_outputs}
     while True:
         try:

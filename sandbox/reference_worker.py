@@ -150,22 +150,26 @@ class CandidateDied(Exception):
 
 
 class CandidateProcess:
-    """A confined candidate worker with request/reply over pipes, killed with its whole tree by `kill()`."""
+    """A candidate worker with request/reply over pipes, killed with its whole tree by `kill()`.
 
-    def __init__(self, ws: str, device: str, fmt: str, cfg: SandboxConfig, jail: JailSpec | None,
-                 manifest: str, extra_env: dict[str, str] | None = None):
+    Started as a spare (torch imported, nothing else) in fresh namespaces when `namespaces` is True; `setup`
+    then hands it one workspace and confines it there.
+    """
+
+    def __init__(self, device: str, cfg: SandboxConfig, namespaces: bool):
         self.cfg = cfg
+        self.device = device
+        self.namespaces = namespaces
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
-        argv = [sys.executable, "-m", "sandbox.candidate", "--fd-in", str(r1), "--fd-out", str(w2), "--workspace", ws,
-                "--device", device, "--threads", str(cfg.cpu_threads), "--format", fmt]
-        if jail is not None:
-            argv = command_prefix() + argv + ["--jail", jail.to_json()]
+        argv = [sys.executable, "-m", "sandbox.candidate", "--fd-in", str(r1), "--fd-out", str(w2),
+                "--device", device, "--threads", str(cfg.cpu_threads)]
+        if namespaces:
+            argv = command_prefix() + argv
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": str(REPO_ROOT),
-            "HOME": ws,
-            "TMPDIR": os.path.join(ws, ".tmp"),
+            "HOME": tempfile.gettempdir(),
             "OMP_NUM_THREADS": str(cfg.cpu_threads),
             "MKL_NUM_THREADS": str(cfg.cpu_threads),
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -174,11 +178,8 @@ class CandidateProcess:
         for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LANG"):
             if k in os.environ:
                 env[k] = os.environ[k]
-        if manifest:
-            env["CUDA_AGENT_KERNELS_MANIFEST"] = manifest
-        env.update(extra_env or {})
         self.log = tempfile.TemporaryFile()
-        rl = None if jail is not None else _rlimits(cfg, device)
+        rl = None if namespaces else _rlimits(cfg, device)
 
         def preexec() -> None:
             _pdeathsig()
@@ -186,12 +187,17 @@ class CandidateProcess:
                 set_rlimits(rl)
 
         self.proc = subprocess.Popen(argv, pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd=ws, env=env, start_new_session=True,
+                                     stderr=subprocess.STDOUT, cwd="/", env=env, start_new_session=True,
                                      preexec_fn=preexec)
         os.close(r1)
         os.close(w2)
         self.fd_out, self.fd_in = w1, r2
         os.set_blocking(self.fd_out, False)
+
+    def setup(self, ws: str, fmt: str, jail: JailSpec | None, env: dict[str, str], timeout_s: float) -> dict:
+        """Hand the spare its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied."""
+        return self.request({"op": "setup", "workspace": ws, "format": fmt, "jail": jail.to_json() if jail else "",
+                             "env": env}, timeout_s)
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -234,6 +240,29 @@ class CandidateProcess:
             except OSError:
                 pass
         self.log.close()
+
+
+class SparePool:
+    """One candidate worker started ahead per (device, namespaces), so an evaluation does not wait for torch's import."""
+
+    def __init__(self, cfg: SandboxConfig):
+        self.cfg = cfg
+        self.spares: dict[tuple[str, bool], CandidateProcess] = {}
+
+    def take(self, device: str, namespaces: bool) -> CandidateProcess:
+        key = (device, namespaces)
+        p = self.spares.pop(key, None)
+        if p is None or p.proc.poll() is not None:
+            if p is not None:
+                p.kill()
+            p = CandidateProcess(device, self.cfg, namespaces)
+        self.spares[key] = CandidateProcess(device, self.cfg, namespaces)
+        return p
+
+    def close(self) -> None:
+        for p in self.spares.values():
+            p.kill()
+        self.spares.clear()
 
 
 def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
@@ -302,7 +331,8 @@ def _nvml(device_index: int) -> dict[str, Any] | None:
 
 
 # ----------------------------------------------------------------------------------------------------- one job
-def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig) -> dict:
+def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig,
+            spares: SparePool) -> dict:
     """Evaluate one built solution. job: task_id, reference, shape_overrides, atol, rtol, workspace, model_py,
     manifest, format, device, jail_uid (None: no namespaces), writable, extra_env, load_timeout_s.
     Returns a plain dict: status, message, trials, timing, violations, log, stage_ms, nvml."""
@@ -334,9 +364,15 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     cand: CandidateProcess | None = None
     try:
         t1 = time.perf_counter()
-        cand = CandidateProcess(job["workspace"], device, job["format"], cfg, jail, job.get("manifest", ""),
-                                job.get("extra_env"))
+        cand = spares.take(device, jail is not None)
+        ws = job["workspace"]
+        env = {"HOME": ws, "TMPDIR": os.path.join(ws, ".tmp"), **(job.get("extra_env") or {})}
+        if job.get("manifest"):
+            env["CUDA_AGENT_KERNELS_MANIFEST"] = job["manifest"]
         try:
+            reply = cand.setup(ws, job["format"], jail, env, job["load_timeout_s"])
+            if not reply.get("ok"):
+                raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs),
                                   "state_dict": wire.encode_value(state.state_dict)}, job["load_timeout_s"])
         except wire.ChannelTimeout:
@@ -511,17 +547,20 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
     torch.set_num_threads(cfg.cpu_threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
     cache: collections.OrderedDict = collections.OrderedDict()
+    spares = SparePool(cfg)
     while True:
         try:
             job = conn.recv()
         except (EOFError, OSError):
+            spares.close()
             return
         op = job.get("op")
         if op == "exit":
+            spares.close()
             return
         try:
             if op == "evaluate":
-                res = run_job(job, cache, cfg)
+                res = run_job(job, cache, cfg, spares)
             elif op == "ping":
                 res = {"ok": True, "pid": os.getpid()}
             else:

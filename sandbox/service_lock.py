@@ -3,7 +3,8 @@
 A kernel's reward rests on a timing whose top margin (5%) is of the order of timing noise; a sampler or a
 learner running on the same GPU during the profile stage would make it meaningless. Every user of a GPU on a
 host therefore shares one lock per GPU, a pair of `flock(2)` files under `/dev/shm/cuda-agent-locks/`
-(tmpfs: nothing survives a reboot, and a lock dies with the process that held it, even on SIGKILL):
+(tmpfs: nothing survives a reboot, and a lock dies with the process that held it, even on SIGKILL; mode 0600,
+so candidate code, which runs as another uid, cannot take it):
 
     <dir>/<device key>.intent   the timer holds it exclusively while it waits and while it times
     <dir>/<device key>.lock     the timer holds it exclusively while it times; other users hold it shared
@@ -81,11 +82,15 @@ class DeviceTimingLock:
 
     Args:
       key: device key (`gpu_device_key(...)`, or "cpu"); letters, digits, "-", "_", "." only.
-      lock_dir: folder of the lock files (created with mode 1777 so every local user can share it).
+      lock_dir: folder of the lock files.
       poll_s: how often a waiter retries (flock has no timed wait).
+      shared_group: let the owner's group use the lock too (folder 0770, files 0660); default owner only (0700 /
+        0600). Candidate code runs as another uid (sandbox.jail) and so cannot even open the lock files, let alone
+        hold them; every GPU user on the host must run as that owner (or in its group with shared_group).
     """
 
-    def __init__(self, key: str, lock_dir: str | os.PathLike = DEFAULT_LOCK_DIR, poll_s: float = 0.002):
+    def __init__(self, key: str, lock_dir: str | os.PathLike = DEFAULT_LOCK_DIR, poll_s: float = 0.002,
+                 shared_group: bool = False):
         if not key or not all(c.isalnum() or c in "-_." for c in key):
             raise ValueError(f"DeviceTimingLock: key {key!r} may hold only letters, digits, '-', '_' and '.'")
         self.key = key
@@ -93,16 +98,12 @@ class DeviceTimingLock:
         self.poll_s = poll_s
         self.intent_path = self.dir / f"{key}.intent"
         self.lock_path = self.dir / f"{key}.lock"
+        self.dir_mode, self.file_mode = (0o770, 0o660) if shared_group else (0o700, 0o600)
 
     def _open(self, path: Path) -> int:
         if not self.dir.is_dir():
-            self.dir.mkdir(parents=True, exist_ok=True)
-            try:
-                os.chmod(self.dir, 0o1777)
-            except OSError:
-                pass
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        return fd
+            self.dir.mkdir(mode=self.dir_mode, parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.file_mode)
 
     def _acquire(self, fd: int, kind: int, deadline: float | None) -> bool:
         """flock `fd` with `kind` (LOCK_SH / LOCK_EX), polling until `deadline` (None: wait forever)."""

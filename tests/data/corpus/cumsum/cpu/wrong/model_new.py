@@ -1,0 +1,18 @@
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.shape[-1]
+        K.row_cumsum(x, out, x.numel() // n, n)
+        return out

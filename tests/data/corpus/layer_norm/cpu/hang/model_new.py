@@ -1,0 +1,19 @@
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.ln = nn.LayerNorm(dim, eps=1e-5)  # holds the reference's weight and bias after load_state_dict
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        cols = x.shape[-1]
+        K.layer_norm(x, self.ln.weight, self.ln.bias, out, x.numel() // cols, cols, self.ln.eps)
+        return out

@@ -1,0 +1,25 @@
+import torch
+import torch.nn as nn
+
+batch_size = 64
+in_features = 512
+out_features = 256
+
+
+class Model(nn.Module):
+    """relu(x @ W^T + b): a linear layer followed by a ReLU."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]

@@ -1,0 +1,18 @@
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        cols = x.shape[-1]
+        out = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device)
+        K.mean_of_squares(x, out, x.numel() // cols, cols)
+        return out

@@ -1,0 +1,23 @@
+import torch
+import torch.nn as nn
+
+batch_size = 512
+dim = 4096
+
+
+class Model(nn.Module):
+    """Mean of squares over the last dimension: [batch_size, dim] -> [batch_size]."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.mean(x * x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
