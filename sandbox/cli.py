@@ -140,3 +140,10 @@ def eval_cmd(
         _print_one(results[0])
     else:
         _print_table(results)
+
+
+# The node service and the fleet stress test live in sandbox/service_cli.py (issue 5).
+from sandbox.service_cli import serve_cmd, stress_cmd  # noqa: E402
+
+app.command("serve")(serve_cmd)
+app.command("stress")(stress_cmd)

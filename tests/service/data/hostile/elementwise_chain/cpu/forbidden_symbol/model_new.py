@@ -1,0 +1,17 @@
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        K.elementwise_chain(x, out, x.numel())
+        return out
