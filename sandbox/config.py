@@ -66,6 +66,10 @@ class SandboxConfig:
     check_timed_outputs: bool = True
     """Check the outputs of the last timed call against the reference again after profiling."""
 
+    build_only: bool = False
+    """Stop after the static checks and the build (the agent's `compile` tool): status ok with reward 0 when it
+    built; the reference, load, verify and profile stages do not run."""
+
     # --- profiling and reward
     profile: bool = True
     """Run the profile stage (False: reward is 0 for any correct solution)."""

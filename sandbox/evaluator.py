@@ -200,6 +200,9 @@ class Evaluator:
                        "forbidden": "built library: " + (b.violations[0].detail if b.violations else "")}[st.value]
                 return finish(EvalResult.failure(st, msg, compile_log=b.log, build_cached=b.cached,
                                                  violations=b.violations, **base))
+            if cfg.build_only:
+                return finish(EvalResult(status=Status.OK.value, reward=0.0, compile_log=b.log, build_cached=b.cached,
+                                         message="built (build_only: not verified or profiled)", **base))
             # ---------------------------------------------------------- trusted worker: reference, load, verify, profile
             writable: list[str] = []
             extra_env: dict[str, str] = {}

@@ -70,7 +70,7 @@ log = logging.getLogger("sandbox.service")
 
 #: SandboxConfig fields a job may set in `SandboxJob.settings` (they change how a solution is checked and timed,
 #: not where or how it is confined). Time limits may only be lowered below the node's own.
-EVAL_SETTINGS = ("num_trials", "atol", "rtol", "poison_outputs", "check_timed_outputs", "profile", "use_compile",
+EVAL_SETTINGS = ("build_only", "num_trials", "atol", "rtol", "poison_outputs", "check_timed_outputs", "profile", "use_compile",
                  "compile_mode", "warmup_calls", "reps", "min_rep_ms", "max_calls_per_rep", "bootstrap_samples",
                  "ci_level", "faster_than_eager", "faster_than_compile", "top_margin", "l2_flush_bytes",
                  "cpu_threads", "build_timeout_s", "extension_build_timeout_s", "load_timeout_s", "trial_timeout_s",
@@ -109,8 +109,9 @@ class ServiceConfig:
     """How long a job id is remembered, seconds."""
     max_worker_failures: int = 2
     """A job that has lost this many workers is answered internal_error (poisoned) instead of retried."""
-    evaluators_per_worker: int = 2
-    """Evaluators a worker keeps, one per distinct job settings (LRU)."""
+    evaluators_per_worker: int = 3
+    """Evaluators a worker keeps, one per distinct job settings (LRU). 3 fits the agent loop's stages: build_only
+    (no trusted worker), profile off (verify) and the node's own settings (profile, final reward)."""
     worker_start_timeout_s: float = 180.0
     """How long a worker may take to come up."""
     timing_lock: str = "auto"
