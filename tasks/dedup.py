@@ -6,9 +6,9 @@ Two tasks are near-duplicates when
   - their sources alone are at least `source_similarity` similar (a near-verbatim copy), or
   - their references are byte-identical.
 
-Source similarity is difflib's ratio over normalised token streams (comments and docstrings dropped, number
-literals -> NUM, string literals -> STR, identifiers and operators kept), so renamed sizes or changed
-constants do not hide a copy. Candidate pairs come from buckets of equal operator sequences plus a MinHash
+Source similarity is difflib's ratio over normalised token streams of the `Model` class (the part that says
+what is computed; comments and docstrings dropped, number literals -> NUM, string literals -> STR,
+identifiers and operators kept), so renamed sizes or changed constants do not hide a copy. Candidate pairs come from buckets of equal operator sequences plus a MinHash
 LSH index over token 4-grams (16 bands x 4 rows: pairs above about 0.5 Jaccard collide), so checking one task
 costs a few comparisons, not one per indexed task.
 """
@@ -30,8 +30,29 @@ _A = _rng.integers(1, _PRIME, size=_BANDS * _ROWS, dtype=np.uint64)
 _B = _rng.integers(0, _PRIME, size=_BANDS * _ROWS, dtype=np.uint64)
 
 
+def computation_text(source: str) -> str:
+    """The part of a reference that defines what it computes: the `Model` class (the whole text otherwise).
+
+    Imports, size constants and the get_inputs / get_init_inputs boilerplate are alike in every task and
+    would make unrelated short tasks look similar.
+    """
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            seg = ast.get_source_segment(source, node)
+            if seg:
+                return seg
+    return source
+
+
 def normalized_tokens(source: str) -> list[str]:
     """Token stream used for similarity (see the module docstring). Unparseable text falls back to words."""
+    source = computation_text(source)
     out: list[str] = []
     try:
         prev_significant = None
@@ -90,7 +111,7 @@ class _Entry:
 class DedupIndex:
     """An incremental index of tasks for near-duplicate queries (thresholds in the module docstring)."""
 
-    def __init__(self, same_ops_similarity: float = 0.5, source_similarity: float = 0.9):
+    def __init__(self, same_ops_similarity: float = 0.5, source_similarity: float = 0.95):
         if not (0 <= same_ops_similarity <= 1 and 0 <= source_similarity <= 1):
             raise ValueError("similarity thresholds must lie in [0, 1]")
         self.same_ops_similarity = same_ops_similarity
@@ -153,7 +174,7 @@ def signature_of(source: str, origin: str = "<reference>") -> tuple[str, ...]:
     return trace_source(source, origin).signature
 
 
-def benchmark_index(folder, same_ops_similarity: float = 0.5, source_similarity: float = 0.9) -> DedupIndex:
+def benchmark_index(folder, same_ops_similarity: float = 0.5, source_similarity: float = 0.95) -> DedupIndex:
     """A DedupIndex of every task in a benchmark folder (any layout `tasks.loaders.load_tasks` reads).
 
     Tasks whose forward cannot be traced on meta tensors are indexed by source only. Loader errors propagate.

@@ -79,7 +79,7 @@ class FilterConfig:
       timing_budget_s: time spent on timed repetitions per measured function, seconds.
       min_abs_output, max_abs_output: bounds on max |output| (vanishing / exploding).
       min_live_fraction: share of output elements a perturbation must change for the perturbed part to be live.
-      perturb_scale: relative size of the liveness perturbation.
+      perturb_scale: relative size of the liveness perturbation (per element, of its own magnitude).
       task_timeout_s: wall-clock limit per task in a pool worker, seconds (after the worker's warm-up).
       workers: pool worker processes.
       warm_compile: pay the process's first torch.compile (15-18 s on 2 CPU cores) at worker start.
@@ -103,7 +103,7 @@ class FilterConfig:
     min_abs_output: float = 1e-5
     max_abs_output: float = 1e6
     min_live_fraction: float = 0.01
-    perturb_scale: float = 1e-2
+    perturb_scale: float = 1e-3
     task_timeout_s: float = 120.0
     workers: int = 2
     warm_compile: bool = True
@@ -222,11 +222,13 @@ def _changed_fraction(base: list, new: list) -> float:
 
 
 def _noise_like(t, scale: float, gen):
+    """t + noise, each element moved by about `scale` of its own magnitude (plus a small floor for zeros)."""
     import torch
 
     mag = float(t.abs().mean()) if t.numel() else 0.0
     noise = torch.randn(t.shape, generator=gen, dtype=t.dtype, device="cpu").to(t.device)
-    return t + noise * (scale * mag + 1e-6)
+    floor = 1e-3 * scale * (mag if mag > 0 else 1.0)  # an all-zero tensor (a bias at init) still moves
+    return t + noise * (scale * t.abs() + floor)
 
 
 def _perturbed_forward(model, inputs, target: int, scale: float):

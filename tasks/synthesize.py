@@ -54,7 +54,7 @@ class SynthesisConfig:
     max_candidates: int = 0
     benchmark: str = ""
     same_ops_similarity: float = 0.5
-    source_similarity: float = 0.9
+    source_similarity: float = 0.95
     inflight_per_worker: int = 2
     filter: FilterConfig = field(default_factory=lambda: FilterConfig(autosize=True))
     compose: ComposeConfig = field(default_factory=ComposeConfig)

@@ -1,0 +1,131 @@
+"""Execution-based filtering: every rejection reason on a task built to trigger it, and the worker pool."""
+
+import textwrap
+
+import pytest
+
+from tasks.filtering import FilterConfig, FilterPool, check_task, filter_in_process
+from tasks.schema import Task
+
+BASE = '''
+import torch
+import torch.nn as nn
+
+batch_size = 64
+dim = 256
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x{extra_arg}):
+{body}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim){extra_input}]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def make(body: str, two_inputs: bool = False, task_id: str = "t", **kw) -> Task:
+    src = BASE.format(body=textwrap.indent(textwrap.dedent(body).strip(), " " * 8),
+                      extra_arg=", y" if two_inputs else "",
+                      extra_input=", torch.randn(batch_size, dim)" if two_inputs else "")
+    return Task(id=task_id, name=task_id, reference=src, shape_params={"batch_size": 64, "dim": 256}, **kw)
+
+
+FAST = dict(check_compile=False, check_timing=False)
+
+
+@pytest.mark.parametrize("body, reason, two", [
+    ("return torch.log(x - 100)", "nonfinite_output", False),
+    ("return x * 0", "zero_output", False),
+    ("return torch.full_like(x, 2.0)", "constant_output", False),
+    ("return torch.where(x > 3.6, x, torch.zeros_like(x))", "near_constant_output", False),
+    ("return x * 1e-9", "vanishing_output", False),
+    ("return x * 1e9", "exploding_output", False),
+    ("return torch.relu(x) * 2", "input_unused", True),
+    ("return torch.clamp(x * 1000.0, -1.0, 1.0)", "input_unused", False),  # saturated: x barely matters
+    ("return x + torch.clamp(x, -1.0, 1.0) * 0.0", "dead_op", False),
+    ("return x @ x + 1", "forward_error", False),
+    ("return [x.sum(), 3]", "non_tensor_output", False),
+])
+def test_rejection_reasons(body, reason, two):
+    v = check_task(make(body, two), FilterConfig(**FAST))
+    assert not v.accepted and v.reason == reason, (v.reason, v.detail)
+    assert v.detail or reason in ("zero_output",)
+
+
+def test_accepts_a_live_task_and_reports_its_signature():
+    v = check_task(make("y = torch.tanh(x) * 2\nreturn torch.softmax(y, dim=-1)"), FilterConfig(**FAST))
+    assert v.accepted, v.detail
+    assert v.signature == ["tanh", "mul", "softmax"] and v.output_shapes == [[64, 256]]
+
+
+def test_not_deterministic():
+    t = make("return x + len(_calls) if _calls.append(1) is None else x")
+    t = t.replace(reference=t.reference.replace("batch_size = 64", "_calls = []\nbatch_size = 64"))
+    v = check_task(t, FilterConfig(**FAST))
+    assert v.reason == "not_deterministic"
+
+
+def test_no_effect_operator_uses_recorded_op_lines():
+    t = make("x = torch.abs(x)\nx = torch.relu(x)\nreturn x")
+    lines = t.reference.splitlines()
+    spans = [[i + 1, i + 1] for i, line in enumerate(lines) if line.strip().startswith("x = torch.")]
+    meta = {"op_lines": spans, "op_preserves_shape": [True, True]}
+    v = check_task(t.replace(operators=("abs", "relu"), metadata=meta), FilterConfig(**FAST))
+    assert v.reason == "no_effect_op" and "relu" in v.detail
+
+
+def test_time_window_and_autosize():
+    t = make("return torch.sigmoid(x) * x")
+    slow_cfg = FilterConfig(check_compile=False, eager_window_ms=[1e-6, 1e-5], min_reps=2, max_reps=3)
+    v = check_task(t, slow_cfg)
+    assert v.reason == "too_slow" and v.eager_ms > 1e-5
+    fast_cfg = FilterConfig(check_compile=False, eager_window_ms=[500.0, 1000.0], min_reps=2, max_reps=3)
+    assert check_task(t, fast_cfg).reason == "too_fast"
+    # autosize doubles the shape parameters toward the window; a modest window is reachable.
+    auto = FilterConfig(check_compile=False, eager_window_ms=[0.5, 40.0], min_reps=3, max_reps=5, autosize=True)
+    tiny = t.replace(reference=t.reference.replace("batch_size = 64", "batch_size = 2"),
+                     shape_params={"batch_size": 2, "dim": 256})
+    v = check_task(tiny, auto)
+    assert v.accepted, v.detail
+    assert v.resized_params["batch_size"] > 2 and 0.5 <= v.eager_ms <= 40.0
+
+
+@pytest.mark.slow
+def test_compile_check_accepts_and_catches_mismatch():
+    """One in-process torch.compile round (the first compile in a process costs 15-25 s here)."""
+    good = make("return torch.relu(x) + x.mean(dim=-1, keepdim=True)", task_id="good")
+    bad = make("if torch.compiler.is_compiling():\n    return torch.relu(x) + 1\nreturn torch.relu(x)",
+               task_id="bad")
+    cfg = FilterConfig(eager_window_ms=[0.0, 1000.0], min_reps=2, max_reps=3)
+    (g, vg), (b, vb) = filter_in_process([good, bad], cfg)
+    assert vg.accepted and vg.compile_ms is not None and vg.eager_ms is not None, vg.detail
+    assert vb.reason == "compile_mismatch" and "max abs difference 1" in vb.detail
+
+
+def test_pool_survives_hangs_and_crashes():
+    cfg = FilterConfig(check_compile=False, check_timing=False, workers=2, task_timeout_s=5.0, warm_compile=False)
+    hang = make("while True:\n    pass", task_id="hang")
+    crash = make("import ctypes\nctypes.string_at(0)\nreturn x", task_id="crash")
+    good = [make("return torch.tanh(x) * 3", task_id=f"good{i}") for i in range(3)]
+    with FilterPool(cfg) as pool:
+        got = {t.id: v for t, v in pool.map([hang, crash] + good)}
+    assert got["hang"].reason == "timeout"
+    assert got["crash"].reason == "worker_crash" and "code" in got["crash"].detail
+    assert all(got[f"good{i}"].accepted for i in range(3))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="device must be one of"):
+        FilterConfig(device="tpu")
+    with pytest.raises(ValueError, match="eager_window_ms"):
+        FilterConfig(eager_window_ms=[5.0, 1.0])
+    assert FilterConfig(device="cuda").window == (1.0, 100.0)
