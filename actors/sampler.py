@@ -52,9 +52,11 @@ def configure_device_memory(fraction: float | None = None, preallocate: bool | N
     0.75). preallocate=False: allocate on demand instead (XLA_PYTHON_CLIENT_PREALLOCATE=false).
     Must run before JAX initialises its backends (the first computation). Raises RuntimeError after that.
     """
-    from jax._src import xla_bridge
-
-    if xla_bridge.backends_are_initialized():
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:  # pragma: no cover - a JAX without it: trust the caller
+        backends_are_initialized = lambda: False  # noqa: E731
+    if backends_are_initialized():
         raise RuntimeError("configure_device_memory must run before the first JAX computation")
     if fraction is not None:
         if not 0.0 < fraction <= 1.0:
