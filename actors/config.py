@@ -1,0 +1,153 @@
+"""Typed configuration of an actor: the agent loop's limits (`AgentConfig`), the sandbox stages the tools run
+(`StagesConfig`), and the actor process (`ActorConfig`). YAML presets and `a.b=value` overrides go through
+`cuda_agent.config.load_config(ActorConfig, ...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+MODES = ("multi_turn", "single_turn")
+REWARD_FROM = ("final", "best")
+SOLUTION_FORMATS = ("auto", "cubin", "extension", "cpu")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclasses.dataclass
+class AgentConfig:
+    """One episode of the agent loop (paper: up to 200 turns and 128k tokens of context)."""
+
+    mode: str = "multi_turn"
+    """"multi_turn" (ReAct episodes with tools) or "single_turn" (one reply holds the whole solution; stage 1)."""
+    max_turns: int = 8
+    """Most assistant turns per episode; the workspace is evaluated after the last one."""
+    max_context_tokens: int = 32768
+    """Most tokens in the episode's context (prompt, turns and observations); past it: `context_exhausted`."""
+    max_new_tokens_per_turn: int = 4096
+    """Most tokens one assistant turn may sample (a turn cut here is kept, closed with <|im_end|> unsampled)."""
+    min_new_tokens_per_turn: int = 64
+    """A turn needs at least this much context left; otherwise the episode ends `context_exhausted`."""
+    episode_time_s: float = 3600.0
+    """Wall-clock budget of an episode, seconds (checked between steps; the final evaluation is extra)."""
+    max_tool_calls_per_turn: int = 8
+    """Tool calls executed per turn; more are answered "not run"."""
+    reward_from: str = "final"
+    """"final": the final workspace's milestone reward (the paper); "best": the best of that and every full
+    evaluation (`profile`) seen during the episode."""
+    temperature: float = 1.0
+    """Sampling temperature (the learner applies the same one to its log-probs)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 = off; see actors.sampler for how truncation enters behaviour log-probs)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    solution_format: str = "auto"
+    """"cubin", "extension", "cpu", or "auto": the sandbox nodes' backend decides (cuda -> cubin, cpu -> cpu)."""
+    observation_max_chars: int = 3000
+    """Longest observation text handed back to the model (longer ones are cut with a note)."""
+    compile_error_lines: int = 12
+    """Compiler output lines kept in a `compile` observation, counted from the first error."""
+    read_file_max_chars: int = 12000
+    """Longest file text `read_file` returns."""
+
+    def __post_init__(self) -> None:
+        _check(self.mode in MODES, f"AgentConfig.mode must be one of {MODES}, got {self.mode!r}")
+        _check(self.reward_from in REWARD_FROM, f"AgentConfig.reward_from must be one of {REWARD_FROM}, "
+                                                f"got {self.reward_from!r}")
+        _check(self.solution_format in SOLUTION_FORMATS,
+               f"AgentConfig.solution_format must be one of {SOLUTION_FORMATS}, got {self.solution_format!r}")
+        for name in ("max_turns", "max_new_tokens_per_turn", "min_new_tokens_per_turn", "max_tool_calls_per_turn",
+                     "observation_max_chars", "compile_error_lines", "read_file_max_chars"):
+            _check(getattr(self, name) >= 1, f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.max_context_tokens >= self.min_new_tokens_per_turn + 1,
+               f"AgentConfig.max_context_tokens ({self.max_context_tokens}) must exceed min_new_tokens_per_turn "
+               f"({self.min_new_tokens_per_turn})")
+        _check(self.episode_time_s > 0, f"AgentConfig.episode_time_s must be > 0, got {self.episode_time_s}")
+        _check(self.temperature >= 0, f"AgentConfig.temperature must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, f"AgentConfig.top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, f"AgentConfig.top_k must be >= 0, got {self.top_k}")
+
+
+@dataclasses.dataclass
+class StagesConfig:
+    """How the tools and the final evaluation use the sandbox nodes (`SandboxJob.settings` per stage; the keys
+    are the node's `sandbox.service.EVAL_SETTINGS`)."""
+
+    compile_settings: Dict[str, Any] = dataclasses.field(default_factory=lambda: {"build_only": True})
+    """`compile` tool: static checks and build only."""
+    verify_settings: Dict[str, Any] = dataclasses.field(default_factory=lambda: {"profile": False})
+    """`verify` tool: build, load and the correctness trials, no timing."""
+    profile_settings: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`profile` tool: a full evaluation (timing and milestone). Keep it equal to final_settings so that an
+    unchanged workspace's final evaluation is answered from the node's result cache."""
+    final_settings: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The final evaluation whose milestone becomes the reward."""
+    compile_deadline_s: float = 300.0
+    """Give up on a compile job after this long (seconds, over every node and retry)."""
+    verify_deadline_s: float = 600.0
+    """Give up on a verify job after this long."""
+    profile_deadline_s: float = 900.0
+    """Give up on a profile or final job after this long."""
+    attempts: int = 3
+    """Tries per job across nodes (a timed-out try is resent to another node with the same job id)."""
+    unavailable_after_s: float = 60.0
+    """A job fails as `sandbox_error` once no node has been alive for this long."""
+    priority: int = 1
+    """Job priority: 1 training rollouts, 0 evaluation (served first)."""
+
+    def __post_init__(self) -> None:
+        for name in ("compile_deadline_s", "verify_deadline_s", "profile_deadline_s", "unavailable_after_s"):
+            _check(getattr(self, name) > 0, f"StagesConfig.{name} must be > 0, got {getattr(self, name)}")
+        _check(self.attempts >= 1, f"StagesConfig.attempts must be >= 1, got {self.attempts}")
+        _check(self.priority >= 0, f"StagesConfig.priority must be >= 0, got {self.priority}")
+
+
+@dataclasses.dataclass
+class ActorConfig:
+    """One actor process: concurrent episodes, batched sampling, weight refresh, endpoints."""
+
+    actor_id: str = ""
+    """Name in trajectories and logs; "" = <hostname>-<pid>."""
+    concurrent_episodes: int = 16
+    """Episodes in flight at once (their generations are batched; their tool calls overlap sampling)."""
+    max_batch: int = 64
+    """Most sequences in one sampler call."""
+    gather_s: float = 0.02
+    """Longest wait for more episodes to join a sampler call once one is waiting (seconds)."""
+    weights_poll_s: float = 5.0
+    """How often to ask the learner for a newer weights version (seconds)."""
+    seed: int = 0
+    """Seed of sampling and task order."""
+    trajectories_endpoint: str = ""
+    """The learner's trajectory receiver, e.g. "tcp://learner:5555" ("" = no learner: evaluation)."""
+    weights_endpoint: str = ""
+    """The learner's weights publisher, e.g. "tcp://learner:5556"."""
+    sandbox_endpoints: str = "tcp://127.0.0.1:5557"
+    """Comma-separated sandbox node endpoints."""
+    max_pending_trajectories: int = 1024
+    """Trajectories kept until the learner acknowledges them (episodes wait beyond it)."""
+    sampler_memory_fraction: Optional[float] = None
+    """Share of the accelerator's memory JAX may take (so a sandbox can share the GPU); None = JAX default."""
+    max_cache_len: int = 0
+    """Sampler KV-cache bound in tokens; 0 = agent.max_context_tokens."""
+    agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
+    stages: StagesConfig = dataclasses.field(default_factory=StagesConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.concurrent_episodes >= 1, f"ActorConfig.concurrent_episodes must be >= 1, "
+                                              f"got {self.concurrent_episodes}")
+        _check(self.max_batch >= 1, f"ActorConfig.max_batch must be >= 1, got {self.max_batch}")
+        _check(self.gather_s >= 0, f"ActorConfig.gather_s must be >= 0, got {self.gather_s}")
+        _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
+        _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
+        _check(self.max_cache_len >= 0, "ActorConfig.max_cache_len must be >= 0")
+        if self.sampler_memory_fraction is not None:
+            _check(0 < self.sampler_memory_fraction <= 1, "ActorConfig.sampler_memory_fraction must be in (0, 1]")
+
+    @property
+    def sandbox_endpoint_list(self) -> list[str]:
+        return [e.strip() for e in self.sandbox_endpoints.split(",") if e.strip()]

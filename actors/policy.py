@@ -1,0 +1,64 @@
+"""Policies: plain classes with one method, `generate(prompts, settings) -> completions`.
+
+    prompts:  a batch of token-id prompts (each the episode's whole context, ending with the generation prompt)
+    settings: one `actors.sampler.SamplingParams` per prompt (temperature, top-p/k, max new tokens, stops)
+    returns:  one `actors.sampler.Completion` per prompt: sampled ids as generated (stop token included),
+              behaviour log-probs `[n]` float32, finish reason ("stop_token" | "stop_string" | "length")
+
+Each policy has a `version` (the weights version recorded in trajectories; -1 for external policies) and a
+`name`. Implementations: `JaxPolicy` here (the KV-cache sampler on one weights version), `OpenAIPolicy` in
+`actors.openai_policy` (an external chat-completions endpoint, for evaluation), and a scripted policy in the
+tests (a test double).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Protocol, Sequence
+
+from actors.sampler import Completion, Sampler, SamplingParams
+
+
+class Policy(Protocol):
+    version: int
+    name: str
+
+    def generate(self, prompts: Sequence[Sequence[int]], settings: Sequence[SamplingParams]) -> list[Completion]:
+        ...
+
+
+class JaxPolicy:
+    """The policy on one weights version: `sampler` holds that version's parameters (actors.sampler.Sampler).
+
+    Each call draws a fresh sampling seed from `seed` onwards, so repeated prompts get different samples.
+    """
+
+    def __init__(self, sampler: Sampler, version: int, seed: int = 0, name: str = "jax"):
+        self.sampler = sampler
+        self.version = int(version)
+        self.name = name
+        self._seeds = itertools.count((int(seed) * 1_000_003 + self.version * 7919) % (1 << 30))
+
+    def generate(self, prompts: Sequence[Sequence[int]], settings: Sequence[SamplingParams]) -> list[Completion]:
+        return self.sampler.generate([list(p) for p in prompts], list(settings), seed=next(self._seeds) % (1 << 31))
+
+
+def jax_policy_from_update(update, model_config, sampler_config, detokenize=None, seed: int = 0) -> JaxPolicy:
+    """A JaxPolicy on a weights version fetched from the learner (`protocol.weights_channel.WeightsUpdate`).
+
+    The compiled sampler functions are shared between versions (same shapes), so a new version costs a parameter
+    copy to the device, not a recompilation. Raises ValueError when the tensors do not fit `model_config`.
+    """
+    from actors.weights import model_from_tensors
+
+    model = model_from_tensors(model_config, update.tensors)
+    return JaxPolicy(Sampler(model, sampler_config, detokenize=detokenize), update.version, seed=seed)
+
+
+def jax_policy_from_checkpoint(path, sampler_config, detokenize=None, seed: int = 0, **config_overrides) -> JaxPolicy:
+    """A frozen JaxPolicy from a Hugging Face checkpoint folder (evaluation mode); version 0, named by the path.
+    Raises learner.hf_checkpoint.CheckpointError naming a missing or mismatched file."""
+    from learner.hf_checkpoint import load_pretrained
+
+    model = load_pretrained(path, **config_overrides)
+    return JaxPolicy(Sampler(model, sampler_config, detokenize=detokenize), 0, seed=seed, name=f"checkpoint:{path}")
