@@ -362,18 +362,26 @@ def layer_forward(config: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, si
 # ------------------------------------------------------------------------------------------ modules
 
 
+def _no_mesh() -> bool:
+    try:
+        return jax.sharding.get_abstract_mesh().empty
+    except Exception:  # pragma: no cover - older jax
+        return True
+
+
 def _eager_sharding_context():
     """Flax shards annotated variables at birth when a mesh is set; without one, build them unsharded."""
-    try:
-        mesh_empty = jax.sharding.get_abstract_mesh().empty
-    except Exception:  # pragma: no cover - older jax
-        mesh_empty = True
-    if mesh_empty and hasattr(nnx, "use_eager_sharding"):
+    if _no_mesh() and hasattr(nnx, "use_eager_sharding"):
         return nnx.use_eager_sharding(False)
     return contextlib.nullcontext()
 
 
 def _param(value: jax.Array, names: tuple) -> nnx.Param:
+    if _no_mesh():
+        try:
+            return nnx.Param(value, out_sharding=names, eager_sharding=False)
+        except TypeError:  # pragma: no cover - a Flax without the per-variable switch
+            pass
     return nnx.Param(value, out_sharding=names)
 
 
