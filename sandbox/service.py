@@ -33,7 +33,7 @@ Shutdown: SIGTERM or SIGINT drains: new jobs and queued jobs get `Error(busy)` (
 elsewhere), running jobs finish and are answered, then the node exits. A second signal exits at once.
 
 Security: binding beyond loopback turns CURVE on (ZAP with a folder of authorised client keys) unless the
-configuration says `curve=off`; plain loopback needs no keys.
+configuration says `curve=never`; plain loopback needs no keys.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ServiceConfig:
     """Configuration of one sandbox node (`cuda-agent sandbox serve`). Fields (defaults in parentheses):"""
 
     endpoint: str = "tcp://127.0.0.1:5557"
-    """Where the ROUTER binds ("tcp://*:5557" to serve other hosts: CURVE is then on unless curve=off)."""
+    """Where the ROUTER binds ("tcp://*:5557" to serve other hosts: CURVE is then on unless curve=never)."""
     node_id: str = ""
     """Name in results and logs; "" = <hostname>-<pid>."""
     workers: int = 0
@@ -115,15 +115,15 @@ class ServiceConfig:
     worker_start_timeout_s: float = 180.0
     """How long a worker may take to come up."""
     timing_lock: str = "auto"
-    """"auto" (on for the cuda backend), "on", "off": hold the device's timing lock while evaluating."""
+    """"auto" (the cuda backend: yes), "always", "never": hold the device's timing lock while evaluating."""
     timing_lock_dir: str = DEFAULT_LOCK_DIR
     """Folder of the lock files (tmpfs; shared by every GPU user on the host)."""
     timing_lock_timeout_s: float = 10.0
     """Wait at most this long for the lock; then time anyway and flag the result `contended`."""
     cpu_lock_key: str = "cpu"
-    """Lock key used on the cpu backend when timing_lock=on."""
+    """Lock key used on the cpu backend when timing_lock=always."""
     curve: str = "auto"
-    """"auto" (on when binding beyond loopback), "on", "off"."""
+    """"auto" (on when binding beyond loopback), "always", "never" (serve beyond loopback unauthenticated)."""
     curve_secret_key: str = ""
     """The node's CURVE secret key file (`<name>.key_secret`, see `sandbox serve --init-keys`)."""
     curve_authorized_keys: str = ""
@@ -152,10 +152,10 @@ class ServiceConfig:
                      "worker_start_timeout_s", "job_id_keep_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ServiceConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.timing_lock not in ("auto", "on", "off"):
-            raise ValueError(f"ServiceConfig.timing_lock must be auto, on or off, got {self.timing_lock!r}")
-        if self.curve not in ("auto", "on", "off"):
-            raise ValueError(f"ServiceConfig.curve must be auto, on or off, got {self.curve!r}")
+        if self.timing_lock not in ("auto", "always", "never"):
+            raise ValueError(f"ServiceConfig.timing_lock must be auto, always or never, got {self.timing_lock!r}")
+        if self.curve not in ("auto", "always", "never"):
+            raise ValueError(f"ServiceConfig.curve must be auto, always or never, got {self.curve!r}")
 
 
 class BadJob(ValueError):
@@ -268,6 +268,7 @@ class SandboxNode:
     def __init__(self, cfg: ServiceConfig):
         self.cfg = cfg
         self.node_id = cfg.node_id or f"{socket.gethostname()}-{os.getpid()}"
+        curve = self._curve()  # refuse an unauthenticated non-loopback bind before starting anything
         sb = cfg.sandbox
         gpus = [g.strip() for g in cfg.gpus.split(",") if g.strip()] if cfg.gpus else visible_gpus()
         backend = sb.backend if sb.backend != "auto" else ("cuda" if gpus else "cpu")
@@ -280,7 +281,7 @@ class SandboxNode:
         n = cfg.workers or (len(self.gpus) if backend == "cuda" else max(1, cores // 2))
         self.n_workers = n
         nb = cfg.build_workers if cfg.build_workers >= 0 else max(1, min(8, cores - (0 if backend == "cuda" else n)))
-        lock_on = cfg.timing_lock == "on" or (cfg.timing_lock == "auto" and backend == "cuda")
+        lock_on = cfg.timing_lock == "always" or (cfg.timing_lock == "auto" and backend == "cuda")
         self.metrics = NodeMetrics(self.gpus)
         self.queue = JobQueue(cfg.queue_max)
         self.store = ResultStore(cfg.result_cache_bytes, cfg.job_ids_kept, cfg.job_id_keep_s, cfg.reuse_results)
@@ -307,13 +308,8 @@ class SandboxNode:
                 lock = {"key": cfg.cpu_lock_key, "dir": cfg.timing_lock_dir, "timeout_s": cfg.timing_lock_timeout_s}
             w = WorkerProcess(f"w{i}", sb_dict, env, cfg.evaluators_per_worker, cfg.worker_start_timeout_s)
             self.slots.append(_Slot(i, w, lock))
-        self.prebuilder = None
-        if nb > 0:
-            from sandbox.service_build import Prebuilder
-
-            self.prebuilder = Prebuilder(self.sandbox_cfg, nb)
+        self.prebuilder = None  # built in start() (it probes the isolation: seconds)
         self.n_build = nb
-        curve = self._curve()
         self.server = RpcServer(cfg.endpoint, self._handle, expect=(SandboxJob,), server_id=self.node_id,
                                 role="sandbox", curve=curve, status=self._status,
                                 capabilities={"backend": backend, "workers": n, "gpus": len(self.gpus),
@@ -328,20 +324,24 @@ class SandboxNode:
     def _curve(self) -> CurveServer | None:
         cfg = self.cfg
         local = is_loopback(cfg.endpoint)
-        if cfg.curve == "off" or (cfg.curve == "auto" and local):
+        if cfg.curve == "never" or (cfg.curve == "auto" and local):
             if not local:
-                log.warning("sandbox node: %s is reachable beyond loopback WITHOUT authentication (curve=off)",
+                log.warning("sandbox node: %s is reachable beyond loopback WITHOUT authentication (curve=never)",
                             cfg.endpoint)
             return None
         if not cfg.curve_secret_key or not cfg.curve_authorized_keys:
             raise ValueError(f"sandbox node: binding {cfg.endpoint} beyond loopback needs CURVE keys: set "
                              "curve_secret_key=<dir>/server.key_secret and curve_authorized_keys=<dir>/clients "
-                             "(`cuda-agent sandbox serve --init-keys DIR` makes them), or curve=off to serve "
+                             "(`cuda-agent sandbox serve --init-keys DIR` makes them), or curve=never to serve "
                              "without authentication")
         return CurveServer(Path(cfg.curve_secret_key), Path(cfg.curve_authorized_keys))
 
     def start(self) -> "SandboxNode":
         self.server.start()
+        if self.n_build > 0:
+            t = threading.Thread(target=self._start_prebuilder, name="sandbox-build-start", daemon=True)
+            t.start()
+            self._threads.append(t)
         for slot in self.slots:
             slot.thread = threading.Thread(target=self._slot_loop, args=(slot,), name=f"sandbox-slot-{slot.index}",
                                            daemon=True)
@@ -358,6 +358,14 @@ class SandboxNode:
                  self.cfg.queue_max, "on" if self.curve_on else "off",
                  f"port {self.metrics_port}" if self.metrics_port >= 0 else "off")
         return self
+
+    def _start_prebuilder(self) -> None:
+        from sandbox.service_build import Prebuilder
+
+        try:
+            self.prebuilder = Prebuilder(self.sandbox_cfg, self.n_build)
+        except Exception as e:  # noqa: BLE001 - the workers build for themselves then
+            log.warning("sandbox node: no build pool (%s); workers build for themselves", e)
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait until every worker is up; False on timeout."""
@@ -675,8 +683,20 @@ def init_keys(directory: str | Path, clients: Sequence[str] = ("client",)) -> di
     return out
 
 
+def _return_freed_memory() -> None:
+    """Fix glibc's mmap threshold at 256 KiB: a job's megabyte-sized files are then mmapped and given back to the
+    OS when freed, instead of raising the dynamic threshold and staying in the heap (RSS creep under overload)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def run_node(cfg: ServiceConfig) -> int:
     """Serve until SIGTERM / SIGINT, then drain and exit (0 when drained cleanly). Blocking."""
+    _return_freed_memory()
     stop = threading.Event()
     signals = {"n": 0}
 

@@ -472,28 +472,38 @@ class LocalNode:
     """
 
     def __init__(self, overrides: Sequence[str] = (), log_path: str | Path | None = None, start_timeout_s: float = 240.0,
-                 netns: str | None = None):
+                 netns: str | None = None, wait: bool = True):
         self.tmp = Path(tempfile.mkdtemp(prefix="cuda-agent-node-"))
         self.ready_file = self.tmp / "ready.json"
         self.log_path = Path(log_path) if log_path else self.tmp / "node.log"
         args = ["endpoint=tcp://127.0.0.1:0", "metrics_port=0", *overrides, f"ready_file={self.ready_file}"]
+        self.ready_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "sandbox.service", *args]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + start_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.info: dict[str, Any] = {}
+        self.endpoint = ""
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> "LocalNode":
+        """Wait for the node's ready file (every worker up). Raises RuntimeError when it exits or takes too long."""
+        deadline = time.monotonic() + self.start_timeout_s
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sandbox node exited with {self.proc.returncode}: "
                                    f"{self.log_path.read_text()[-3000:]}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"sandbox node not ready within {start_timeout_s:.0f} s")
+                raise RuntimeError(f"sandbox node not ready within {self.start_timeout_s:.0f} s")
             time.sleep(0.1)
         self.info = json.loads(self.ready_file.read_text())
         self.endpoint = self.info["endpoint"]
+        return self
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (drain) and wait; SIGKILL when it does not exit in time. Returns the exit code."""
