@@ -55,6 +55,7 @@ from sandbox.verify import compare
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
+SPARE_START_TIMEOUT_S = 300.0  # a spare candidate worker's own start (python + torch import), trusted work
 
 
 class StageFailure(Exception):
@@ -370,9 +371,15 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         if job.get("manifest"):
             env["CUDA_AGENT_KERNELS_MANIFEST"] = job["manifest"]
         try:
-            reply = cand.setup(ws, job["format"], jail, env, job["load_timeout_s"])
+            # The spare may still be importing torch: that wait is trusted work, not the candidate's load time.
+            try:
+                reply = cand.setup(ws, job["format"], jail, env, SPARE_START_TIMEOUT_S)
+            except (wire.ChannelTimeout, CandidateDied) as e:
+                raise StageFailure(Status.INTERNAL_ERROR, f"candidate worker did not start: {e}") from None
             if not reply.get("ok"):
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
+            out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
+            t1 = time.perf_counter()
             reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs),
                                   "state_dict": wire.encode_value(state.state_dict)}, job["load_timeout_s"])
         except wire.ChannelTimeout:

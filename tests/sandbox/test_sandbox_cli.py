@@ -1,0 +1,51 @@
+"""`cuda-agent sandbox eval`: single task (readable / JSON), folder mode (table), exit codes."""
+
+import json
+import shutil
+
+from typer.testing import CliRunner
+
+from cuda_agent.cli import _mount, app
+
+from sandbox_testlib import CORPUS
+
+_mount()
+runner = CliRunner()
+
+
+def _args(tmp_path):
+    return ["--backend", "cpu", "--set", "profile=false", "--set", f"cache_dir={tmp_path}/cache",
+            "--set", "trial_timeout_s=5"]
+
+
+def test_single_json_and_readable(tmp_path):
+    r = runner.invoke(app, ["sandbox", "eval", str(CORPUS / "row_stats"), str(CORPUS / "row_stats" / "cpu" / "wrong"),
+                            "--json", *_args(tmp_path)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["status"] == "incorrect" and d["reward"] == -1 and d["task_id"] == "row_stats"
+    r = runner.invoke(app, ["sandbox", "eval", str(CORPUS / "row_stats"), str(CORPUS / "row_stats" / "cpu" / "fast"),
+                            *_args(tmp_path)])
+    assert r.exit_code == 0 and "ok" in r.stdout and "reward 0" in r.stdout
+
+
+def test_folder_mode_prints_a_table(tmp_path):
+    sols = tmp_path / "solutions"
+    for t, v in (("cumsum", "fast"), ("matmul", "wrong")):
+        shutil.copytree(CORPUS / t / "cpu" / v, sols / t)
+    r = runner.invoke(app, ["sandbox", "eval", str(CORPUS), str(sols), "--json", *_args(tmp_path)])
+    assert r.exit_code == 0, r.output
+    rows = {d["task_id"]: d["status"] for d in json.loads(r.stdout)}
+    assert rows == {"cumsum": "ok", "matmul": "incorrect"}
+    r = runner.invoke(app, ["sandbox", "eval", str(CORPUS), str(sols), *_args(tmp_path)])
+    assert r.exit_code == 0 and "cumsum" in r.stdout and "matmul" in r.stdout
+
+
+def test_usage_errors_exit_non_zero(tmp_path):
+    assert runner.invoke(app, ["sandbox", "eval", str(tmp_path / "nope"), str(tmp_path)]).exit_code != 0
+    r = runner.invoke(app, ["sandbox", "eval", str(CORPUS / "cumsum"), str(CORPUS / "cumsum" / "cpu" / "fast"),
+                            "--backend", "cpu", "--format", "cubin"])
+    assert r.exit_code != 0
+    r = runner.invoke(app, ["sandbox", "eval", str(CORPUS / "cumsum"), str(CORPUS / "cumsum" / "cpu" / "fast"),
+                            "--backend", "cpu", "--set", "reps=0"])
+    assert r.exit_code != 0

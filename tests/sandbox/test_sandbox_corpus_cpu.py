@@ -1,0 +1,50 @@
+"""The CPU corpus end to end: 8 tasks x {fast, slow, wrong, crash, hang}, each must get the right status.
+
+Rewards: -1 for every failure, >= 0 for correct solutions. Milestones are asserted only where the speed gap is
+5x or more (CPU timings on 2 shared cores are noisy): every slow solution is >= 5x slower than eager (reward 0),
+and the fused elementwise chain is >= 5x faster than eager (reward >= 1).
+"""
+
+import pytest
+
+from sandbox.files import load_solution, load_task
+
+from sandbox_testlib import CORPUS, TASKS, VARIANTS
+
+pytestmark = pytest.mark.slow
+
+EXPECTED = {"fast": "ok", "slow": "ok", "wrong": "incorrect", "crash": "runtime_error", "hang": "timeout"}
+FAST_GAP_5X = {"elementwise_chain"}  # fused kernel vs eight eager passes: 8-10x measured
+
+
+def test_corpus_is_complete():
+    assert len(TASKS) >= 8
+    for t in TASKS:
+        for v in VARIANTS:
+            assert (CORPUS / t / "cpu" / v / "model_new.py").exists(), f"{t}/cpu/{v}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("task", TASKS)
+def test_cpu_corpus_status_and_reward(cpu_evaluator, task, variant):
+    res = cpu_evaluator.evaluate(load_task(CORPUS / task), load_solution(CORPUS / task / "cpu" / variant), "cpu")
+    assert res.status == EXPECTED[variant], f"{task}/{variant}: {res.status}: {res.message}"
+    assert res.message
+    if res.status == "ok":
+        assert res.reward >= 0
+        assert len(res.trials) == 6 and all(t.ok for t in res.trials)  # 5 fresh-seed trials + the timed outputs
+        t = res.timing
+        assert t is not None and t.eager.reps == t.candidate.reps == 8 and t.compiled is not None
+        assert t.speedup_eager.lo <= t.speedup_eager.point <= t.speedup_eager.hi
+        if variant == "slow":
+            assert res.reward == 0, res.message
+        if variant == "fast" and task in FAST_GAP_5X:
+            assert res.reward >= 1, res.message
+    else:
+        assert res.reward == -1
+    if variant == "crash":
+        assert "crashed" in res.message and "signal" in res.message
+    if variant == "hang":
+        assert "ran past" in res.message
+    if variant == "wrong":
+        assert res.trials and not res.trials[-1].ok and res.trials[-1].mismatched > 0

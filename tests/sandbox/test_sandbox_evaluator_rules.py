@@ -1,0 +1,107 @@
+"""Rules the evaluator enforces beyond the corpus: forbidden ops and imports, aliasing, input mutation, load
+errors, bad output structure, and the isolation record."""
+
+import pytest
+
+from sandbox.files import load_solution, load_task
+from sandbox.jail import probe
+
+from sandbox_testlib import CORPUS, cpu_config
+
+TASK = CORPUS / "elementwise_chain"
+FAST = load_solution(TASK / "cpu" / "fast")
+
+
+def _with_forward(body: str, extra: str = "") -> dict:
+    src = f"""import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+{extra}
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+{body}
+"""
+    return {**FAST, "model_new.py": src}
+
+
+def _eval(ev, files):
+    return ev.evaluate(load_task(TASK), files, "cpu")
+
+
+def test_torch_compute_in_forward_is_forbidden_and_named(cpu_evaluator):
+    res = _eval(cpu_evaluator, _with_forward("        return torch.relu(x * 1.5 + 0.5)"))
+    assert res.status == "forbidden" and res.reward == -1
+    assert any("aten::mul" in v.detail for v in res.violations), res.violations
+
+
+def test_forbidden_import_is_caught_statically(cpu_evaluator):
+    res = _eval(cpu_evaluator, _with_forward("        return x", extra="import numpy as np"))
+    assert res.status == "forbidden" and res.violations[0].kind == "import" and "numpy" in res.violations[0].detail
+
+
+def test_output_aliasing_an_input_is_rejected(cpu_evaluator):
+    body = "        K.elementwise_chain(x, x, x.numel())\n        return x"
+    res = _eval(cpu_evaluator, _with_forward(body))
+    assert res.status == "incorrect" and res.violations and res.violations[0].kind in ("alias", "input_mutation")
+
+
+def test_mutating_an_input_is_rejected(cpu_evaluator):
+    body = "        K.elementwise_chain(x, x, x.numel())\n        return x.clone()"
+    res = _eval(cpu_evaluator, _with_forward(body))
+    assert res.status == "incorrect" and res.violations[0].kind == "input_mutation"
+
+
+def test_wrong_output_structure(cpu_evaluator):
+    body = "        out = torch.empty_like(x)\n        K.elementwise_chain(x, out, x.numel())\n        return [out, out]"
+    res = _eval(cpu_evaluator, _with_forward(body))
+    assert res.status == "incorrect" and "structure" in res.message
+
+
+def test_unwritten_output_memory_reads_as_nan(cpu_evaluator):
+    body = "        out = torch.empty_like(x)\n        K.elementwise_chain(x[:1], out[:1], x.shape[1])\n        return out"
+    res = _eval(cpu_evaluator, _with_forward(body))
+    assert res.status == "incorrect" and "NaN" in res.message
+
+
+def test_load_errors(cpu_evaluator):
+    res = _eval(cpu_evaluator, {**FAST, "model_new.py": FAST["model_new.py"].replace("super().__init__()",
+                                                                                      "raise RuntimeError('boom')")})
+    assert res.status == "load_error" and "boom" in res.message
+    res = _eval(cpu_evaluator, {**FAST, "model_new.py": "def broken(:\n"})
+    assert res.status == "load_error" and "model_new.py:1" in res.message
+    res = _eval(cpu_evaluator, {"model_new.py": FAST["model_new.py"]})
+    assert res.status == "compile_error" and "no kernel sources" in res.compile_log
+
+
+def test_compile_error_status_and_log(cpu_evaluator):
+    files = {**FAST, "kernels/elementwise_chain.cpp": FAST["kernels/elementwise_chain.cpp"].replace("v * v", "v * w")}
+    res = _eval(cpu_evaluator, files)
+    assert res.status == "compile_error" and res.reward == -1 and "kernels/elementwise_chain.cpp" in res.compile_log
+
+
+def test_isolation_is_recorded(cpu_evaluator):
+    res = _eval(cpu_evaluator, _with_forward("        return torch.relu(x)"))
+    if probe(65534)[0]:
+        assert res.isolation["mode"] == "namespaces" and res.isolation["network"].startswith("isolated")
+    else:
+        assert res.isolation["mode"] == "none"
+
+
+@pytest.mark.slow
+def test_import_time_hang_is_a_load_timeout(sandbox_tmp):
+    from sandbox.evaluator import Evaluator
+
+    cfg = cpu_config(sandbox_tmp / "short", load_timeout_s=4.0, profile=False)
+    with Evaluator(cfg) as ev:
+        files = {**FAST, "model_new.py": "while True:\n    pass\n" + FAST["model_new.py"]}
+        res = ev.evaluate(load_task(TASK), files, "cpu")
+        assert res.status == "timeout" and "load" in res.message
+        ok = ev.evaluate(load_task(TASK), FAST, "cpu")  # profiling off: correct -> reward 0
+        assert ok.status == "ok" and ok.reward == 0 and ok.timing is None
