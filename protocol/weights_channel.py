@@ -4,14 +4,15 @@ Publisher (learner side, ROUTER): `publish(version, tensors)` copies the tensors
 chunks of `chunk_bytes` (each its own buffer), computes a crc32 per chunk and the manifest, and keeps the
 newest `keep_versions` versions. It answers `WeightsRequest` with the newest manifest and each
 `WeightsChunkRequest` with one zero-copy `WeightsChunk`. It never blocks: every send is non-blocking to a
-per-peer queue of at most `max_credit + 4` messages, so a slow actor only fills its own queue (a chunk
+per-peer queue of at most `2 * max_credit + 4` messages, so a slow actor only fills its own queue (a chunk
 that does not fit is dropped and counted; the actor asks again). A queued frame pins only its own chunk,
-so publisher memory is bounded by the kept versions plus `peers x (max_credit + 4) x chunk_bytes`.
+so publisher memory is bounded by the kept versions plus `peers x (2 * max_credit + 4) x chunk_bytes`.
 
 Fetcher (actor side, DEALER): asks for the newest manifest, keeps `credit` chunk requests in flight, checks
-each chunk's crc32 against the manifest, copies it into one stream buffer (huge pages where the OS allows),
+each chunk's crc32 against the manifest, copies it into one stream buffer (pages mapped up front, see `alloc_buffer`),
 re-requests what times out or fails its check, and returns the tensors (views into the stream) only when
 every chunk has passed. A version retired mid-fetch ("gone") restarts the fetch at the newest version.
+`recycle(update)` hands an old version's buffer back, so steady-state fetches allocate nothing.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class WeightsPublisher:
       endpoint: where to bind, e.g. "tcp://*:5556".
       chunk_bytes: chunk size (default 4 MiB; several in flight keep a loopback or LAN link busy).
       keep_versions: newest versions kept; an older one is answered "gone".
-      max_credit: most chunk requests one actor may have outstanding (its queue's HWM is max_credit + 4).
+      max_credit: most chunk requests one actor may have outstanding (its queue's HWM is 2 * max_credit + 4).
       publisher_id: id in `Hello` answers.
       workers: threads that copy and checksum chunks in `publish` (capped at the CPU count).
       curve: CURVE server keys.
@@ -86,8 +87,10 @@ class WeightsPublisher:
         self._workers = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1)))
         self._ctx = zmq.Context()
         self._auth = curve.start_authenticator(self._ctx) if curve else None
+        # ZeroMQ learns of reads in batches of about half the HWM, so a pipe looks fuller than it is:
+        # twice the credit keeps a well-behaved actor from ever seeing a drop.
         self._sock = make_socket(self._ctx, zmq.ROUTER, limits=REQUEST_LIMITS, curve=curve,
-                                 sndhwm=max_credit + 4, rcvhwm=10_000)
+                                 sndhwm=2 * max_credit + 4, rcvhwm=10_000)
         self._sock.bind(endpoint)
         self.endpoint = self._sock.last_endpoint.decode()
         self._stop = threading.Event()
@@ -162,7 +165,7 @@ class WeightsPublisher:
                     if all(t.done for t in self._trackers.get(id(buf), ())):
                         self._trackers.pop(id(buf), None)
                         return self._retiring.pop(i)
-        return np.empty(nbytes, dtype=np.uint8)
+        return alloc_buffer(nbytes)
 
     def start(self) -> "WeightsPublisher":
         self._thread = threading.Thread(target=self.serve, name="weights-publisher", daemon=True)
@@ -258,24 +261,40 @@ class WeightsPublisher:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class WeightsUpdate:
-    """A verified weights version: its manifest and name -> array views into one stream buffer."""
+    """A verified weights version: its manifest and name -> array views into one stream buffer. Hand it to
+    `WeightsFetcher.recycle` once the tensors are no longer used, so the next fetch reuses the buffer."""
 
     manifest: WeightsManifest
     tensors: dict[str, np.ndarray]
+    stream: np.ndarray  # uint8 [total_bytes], the one buffer the tensors view
 
     @property
     def version(self) -> int:
         return self.manifest.version
 
 
-def _alloc_stream(nbytes: int, hugepages: bool) -> np.ndarray:
-    """A writable uint8 [nbytes] buffer; anonymous memory with transparent huge pages when asked (one
-    page fault per 2 MiB instead of per 4 KiB)."""
-    if hugepages and nbytes >= (2 << 20) and hasattr(mmap, "MADV_HUGEPAGE"):
-        m = mmap.mmap(-1, nbytes)
-        m.madvise(mmap.MADV_HUGEPAGE)
-        return np.frombuffer(m, dtype=np.uint8)
-    return np.empty(nbytes, dtype=np.uint8)
+def alloc_buffer(nbytes: int) -> np.ndarray:
+    """A writable uint8 [nbytes] buffer of fresh anonymous memory, its pages mapped up front (MAP_POPULATE).
+
+    Used instead of `np.empty` for large buffers: NumPy asks for transparent huge pages on allocations of
+    4 MiB and more, and where the kernel compacts memory synchronously to provide them (THP defrag
+    "madvise") that first touch measured 5-10x slower than populating 4 KiB pages in one call.
+    """
+    if nbytes <= 0:
+        return np.empty(0, dtype=np.uint8)
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_POPULATE", 0)
+    try:
+        return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags) if flags else mmap.mmap(-1, nbytes), dtype=np.uint8)
+    except (OSError, ValueError):
+        return np.empty(nbytes, dtype=np.uint8)
+
+
+def _check_and_copy(stream: np.ndarray, start: int, stop: int, data: np.ndarray, crc: int) -> bool:
+    """Copy a chunk into place if its length and crc32 match (zlib and numpy release the GIL here)."""
+    if len(data) != stop - start or zlib.crc32(data) != crc:
+        return False
+    stream[start:stop] = data
+    return True
 
 
 class WeightsFetcher:
@@ -289,20 +308,21 @@ class WeightsFetcher:
         after three such rounds in a row.
       max_chunk_bytes: largest chunk accepted (also the socket's ZMQ_MAXMSGSIZE).
       max_total_bytes: largest version accepted (memory bound).
-      hugepages: back the stream buffer with transparent huge pages where available.
+      verify_workers: threads that check crc32 and copy chunks while the next ones arrive.
       curve: CURVE client keys.
 
     Counters in `stats`: fetches, chunks, bytes, crc_failures, rerequests, restarts, bad_replies.
     """
 
     def __init__(self, endpoint: str, *, actor_id: str = "actor", credit: int = 8, timeout_s: float = 10.0,
-                 max_chunk_bytes: int = 64 << 20, max_total_bytes: int = 1 << 40, hugepages: bool = True,
+                 max_chunk_bytes: int = 64 << 20, max_total_bytes: int = 1 << 40, verify_workers: int = 2,
                  curve: CurveClient | None = None):
         self.actor_id = actor_id
         self.credit = credit
         self.timeout_s = timeout_s
         self.max_total_bytes = max_total_bytes
-        self.hugepages = hugepages
+        self._spare: np.ndarray | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, verify_workers), thread_name_prefix="weights-check")
         self.limits = fetch_limits(max_chunk_bytes)
         self.stats = collections.Counter({k: 0 for k in ("fetches", "chunks", "bytes", "crc_failures",
                                                          "rerequests", "restarts", "bad_replies")})
@@ -311,6 +331,11 @@ class WeightsFetcher:
                                  sndhwm=credit + 16, rcvhwm=credit + 4,
                                  identity=f"{actor_id}-{uuid.uuid4().hex[:8]}".encode())
         self._sock.connect(endpoint)
+
+    def recycle(self, update: WeightsUpdate) -> None:
+        """The caller no longer uses `update`'s tensors: its buffer may be overwritten by the next fetch."""
+        if self._spare is None or update.stream.nbytes > self._spare.nbytes:
+            self._spare = update.stream
 
     def newest_manifest(self, timeout_s: float | None = None) -> WeightsManifest | None:
         """The publisher's newest manifest, or None when nothing is published yet.
@@ -344,28 +369,60 @@ class WeightsFetcher:
             stream = self._pull(manifest, timeout_s)
             if stream is not None:
                 self.stats["fetches"] += 1
-                return WeightsUpdate(manifest, manifest.tensors_from(stream))
+                return WeightsUpdate(manifest, manifest.tensors_from(stream), stream)
             self.stats["restarts"] += 1
         raise TimeoutError("weights kept being retired while fetching; is the publisher publishing too fast?")
 
     def _pull(self, manifest: WeightsManifest, timeout_s: float) -> np.ndarray | None:
-        """All chunks of `manifest` into a new stream buffer; None when the version is gone."""
+        """All chunks of `manifest` into a stream buffer (new, or a recycled one); None when the version is gone."""
         if manifest.total_bytes > self.max_total_bytes:
             raise ProtocolError("WeightsManifest.total_bytes",
                                 f"{manifest.total_bytes} bytes exceeds this fetcher's {self.max_total_bytes}")
         if manifest.chunk_bytes > self.limits.max_frame_bytes:
             raise ProtocolError("WeightsManifest.chunk_bytes",
                                 f"{manifest.chunk_bytes} bytes exceeds this fetcher's {self.limits.max_frame_bytes}")
-        stream = _alloc_stream(manifest.total_bytes, self.hugepages)
+        if self._spare is not None and self._spare.nbytes >= manifest.total_bytes:
+            stream, self._spare = self._spare[:manifest.total_bytes], None
+        else:
+            stream = alloc_buffer(manifest.total_bytes)
         todo = collections.deque(range(manifest.num_chunks))
-        outstanding: set[int] = set()
+        outstanding: dict[int, None] = {}  # requested, in request order (replies come back in that order)
+        checking: dict[concurrent.futures.Future, int] = {}  # received, crc32 + copy running on the pool
         crc_failures = 0
         idle_rounds = 0
-        while todo or outstanding:
+
+        def request_more() -> None:
             while todo and len(outstanding) < self.credit:
                 index = todo.popleft()
                 send_message(self._sock, WeightsChunkRequest(version=manifest.version, index=index))
-                outstanding.add(index)
+                outstanding[index] = None
+
+        def harvest(block: bool) -> None:
+            nonlocal crc_failures
+            if not checking:
+                return
+            done, _ = concurrent.futures.wait(list(checking), timeout=None if block else 0,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                index = checking.pop(fut)
+                if fut.result():
+                    self.stats["chunks"] += 1
+                    self.stats["bytes"] += manifest.chunk_range(index)[1] - manifest.chunk_range(index)[0]
+                    continue
+                crc_failures += 1
+                self.stats["crc_failures"] += 1
+                if crc_failures > 3 * self.credit:
+                    raise ProtocolError("WeightsChunk.data", f"{crc_failures} chunks failed their crc32")
+                todo.appendleft(index)
+
+        while todo or outstanding or checking:
+            harvest(block=False)
+            request_more()
+            if not outstanding:
+                harvest(block=True)  # only checks left (or a failed one to fetch again)
+                continue
+            if len(checking) >= 2 * self.credit:
+                harvest(block=True)  # bound the received-but-unchecked chunks held in memory
             msg = self._recv(time.monotonic() + timeout_s)
             if msg is None:  # lost requests or replies (publisher restarted, queue full): ask again
                 idle_rounds += 1
@@ -378,23 +435,24 @@ class WeightsFetcher:
             idle_rounds = 0
             if isinstance(msg, Error):
                 if msg.code == "gone" and msg.request_id == str(manifest.version):
+                    for fut in checking:
+                        fut.cancel()
+                    concurrent.futures.wait(list(checking))
                     return None
                 continue
             if not isinstance(msg, WeightsChunk) or msg.version != manifest.version or msg.index not in outstanding:
                 continue  # stale reply of an earlier fetch or a re-requested duplicate
+            for earlier in list(outstanding):  # requested before this one yet unanswered: dropped on the way
+                if earlier == msg.index:
+                    break
+                del outstanding[earlier]
+                todo.appendleft(earlier)
+                self.stats["rerequests"] += 1
+            del outstanding[msg.index]
+            request_more()  # keep the window full while this chunk is checked and copied
             start, stop = manifest.chunk_range(msg.index)
-            if len(msg.data) != stop - start or zlib.crc32(msg.data) != manifest.chunk_crc32[msg.index]:
-                crc_failures += 1
-                self.stats["crc_failures"] += 1
-                if crc_failures > 3 * self.credit:
-                    raise ProtocolError("WeightsChunk.data", f"{crc_failures} chunks failed their crc32")
-                outstanding.discard(msg.index)
-                todo.appendleft(msg.index)
-                continue
-            stream[start:stop] = msg.data
-            outstanding.discard(msg.index)
-            self.stats["chunks"] += 1
-            self.stats["bytes"] += stop - start
+            checking[self._pool.submit(_check_and_copy, stream, start, stop, msg.data,
+                                       manifest.chunk_crc32[msg.index])] = msg.index
         return stream
 
     def _recv(self, deadline: float) -> Any | None:
@@ -411,6 +469,7 @@ class WeightsFetcher:
                 log.warning("weights fetcher %s: bad reply: %s", self.actor_id, e)
 
     def close(self) -> None:
+        self._pool.shutdown()
         self._sock.close(0)
         self._ctx.term()
 
