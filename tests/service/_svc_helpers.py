@@ -70,15 +70,13 @@ def rss_bytes(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-def nobody_processes() -> list[psutil.Process]:
-    """Processes of the sandbox uid (65534) still alive."""
+def nobody_processes() -> list[str]:
+    """Command lines of the live (not zombie) processes of the sandbox uid (65534)."""
     out = []
-    for p in psutil.process_iter(["uids"]):
-        try:
-            if p.info["uids"] and p.info["uids"].real == 65534:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+    for p in psutil.process_iter(["uids", "cmdline", "status"]):
+        info = p.info
+        if info["uids"] and info["uids"].real == 65534 and info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(" ".join(info["cmdline"] or []))
     return out
 
 
