@@ -4,7 +4,7 @@ Usage (from the repository root):
     python benchmarks/protocol_bench.py [--quick] [--repeats 3]
 
 Cases, all over tcp://127.0.0.1 between separate processes:
-  weights xN   1 GiB (--quick: 128 MiB) of bf16 in 256 tensors, from one publisher to N = 1 and 4 actor
+  weights xN   1 GiB (--quick: 64 MiB, no "raw discard") of bf16 in 256 tensors, from one publisher to N = 1 and 4 actor
                processes at once, 4 MiB chunks, 8 chunk requests in flight per actor.
                ours: WeightsPublisher -> WeightsFetcher.fetch(): manifest, credit window, crc32 check of every
                chunk, copy into one stream buffer, tensors handed over.
@@ -17,7 +17,10 @@ Cases, all over tcp://127.0.0.1 between separate processes:
                process minus its RSS just before the fetch.
   trajectories 8,192-token trajectories (tokens int32, behaviour logprobs float32, loss mask uint8) from 2 actor
                processes through TrajectoryOutbox -> TrajectoryReceiver with the fsync'd spool on local disk:
-               acked trajectories/s and MB/s (wire bytes), from the first put to the last ack.
+               acked trajectories/s and MB/s (wire bytes), from the first put to the last ack (5,000;
+               --quick: 500).
+  Receiver CPU s/GiB (user + system time of the actor processes over the transfer, per GiB received) is
+  printed too: unlike GB/s it hardly moves when other jobs share the machine.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _weights(total_bytes: int):
     import ml_dtypes
     import numpy as np
@@ -85,11 +93,11 @@ def ours_actor(endpoint: str, ready, go, results) -> None:
         idle = _rss()
         ready.release()
         go.wait()
-        start = time.time()
+        cpu0, start = _cpu_s(), time.time()
         update = f.fetch()
         end = time.time()
         nbytes = sum(t.nbytes for t in update.tensors.values())
-        results.put((start, end, nbytes, _peak_rss() - idle))
+        results.put((start, end, nbytes, _peak_rss() - idle, _cpu_s() - cpu0))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -138,7 +146,7 @@ def raw_actor(endpoint: str, ready, go, results, keep: bool) -> None:
     idle = _rss()
     ready.release()
     go.wait()
-    start = time.time()
+    cpu0, start = _cpu_s(), time.time()
     kept, nbytes, sent = [], 0, 0
     while sent < min(CREDIT, n):
         sock.send(sent.to_bytes(4, "little"))
@@ -152,13 +160,14 @@ def raw_actor(endpoint: str, ready, go, results, keep: bool) -> None:
             sock.send(sent.to_bytes(4, "little"))
             sent += 1
     end = time.time()
-    results.put((start, end, nbytes, _peak_rss() - idle))
+    results.put((start, end, nbytes, _peak_rss() - idle, _cpu_s() - cpu0))
     sock.close(0)
     ctx.term()
 
 
 def run_weights_trial(kind: str, endpoint: str, subscribers: int) -> tuple[float, float, float]:
-    """(aggregate GB/s, max receiver peak extra bytes, wall s) of one transfer to `subscribers` actors."""
+    """(aggregate GB/s, max receiver peak extra bytes, receiver CPU s per GiB) of one transfer to
+    `subscribers` actors."""
     ready, go, results = CTX.Semaphore(0), CTX.Event(), CTX.Queue()
     if kind == "ours":
         procs = [CTX.Process(target=ours_actor, args=(endpoint, ready, go, results)) for _ in range(subscribers)]
@@ -175,10 +184,10 @@ def run_weights_trial(kind: str, endpoint: str, subscribers: int) -> tuple[float
         p.join()
     wall = max(o[1] for o in out) - min(o[0] for o in out)
     total = sum(o[2] for o in out)
-    return total / wall / 1e9, max(o[3] for o in out), wall
+    return total / wall / 1e9, max(o[3] for o in out), sum(o[4] for o in out) / (total / 2**30)
 
 
-def bench_weights(total_bytes: int, repeats: int, subscriber_counts: list[int]) -> list[dict]:
+def bench_weights(total_bytes: int, repeats: int, subscriber_counts: list[int], kinds: tuple[str, ...]) -> list[dict]:
     servers = {}
     stops = []
     for kind, target in (("ours", ours_publisher), ("raw", raw_publisher)):
@@ -192,15 +201,17 @@ def bench_weights(total_bytes: int, repeats: int, subscriber_counts: list[int]) 
         for n in subscriber_counts:
             best: dict[str, tuple[float, float, float]] = {}
             for _ in range(repeats):
-                for kind in ("raw_keep", "ours", "raw_discard"):
+                for kind in kinds:
                     endpoint = servers["ours" if kind == "ours" else "raw"][0]
                     r = run_weights_trial(kind, endpoint, n)
                     if kind not in best or r[0] > best[kind][0]:
                         best[kind] = r
             rows.append(dict(subscribers=n, bytes=servers["ours"][2], publish_s=servers["ours"][1],
-                             ours=best["ours"][0], raw_keep=best["raw_keep"][0], raw_discard=best["raw_discard"][0],
+                             ours=best["ours"][0], raw_keep=best["raw_keep"][0],
+                             raw_discard=best["raw_discard"][0] if "raw_discard" in best else float("nan"),
                              ratio=best["ours"][0] / best["raw_keep"][0],
-                             mem_ours=best["ours"][1], mem_raw=best["raw_keep"][1]))
+                             mem_ours=best["ours"][1], mem_raw=best["raw_keep"][1],
+                             cpu_ours=best["ours"][2], cpu_raw=best["raw_keep"][2]))
     finally:
         for p, stop in stops:
             stop.set()
@@ -279,29 +290,32 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, finishes in under 30 s")
     ap.add_argument("--repeats", type=int, default=None, help="runs per weights case (best is kept)")
     args = ap.parse_args()
-    total = (128 << 20) if args.quick else (1 << 30)
+    total = (64 << 20) if args.quick else (1 << 30)
     repeats = args.repeats or (1 if args.quick else 3)
-    count = 1000 if args.quick else 5000
+    count = 500 if args.quick else 5000
+    kinds = ("raw_keep", "ours") if args.quick else ("raw_keep", "ours", "raw_discard")
 
     from rich.console import Console
     from rich.table import Table
 
     t0 = time.time()
-    rows = bench_weights(total, repeats, [1, 4])
+    load0 = os.getloadavg()
+    rows = bench_weights(total, repeats, [1, 4], kinds)
     traj = bench_trajectories(count)
 
-    console = Console()
+    console = Console(width=160)
     console.print(f"protocol_bench {'--quick ' if args.quick else ''}{datetime.date.today()} on {platform.node()} "
-                  f"({os.cpu_count()} CPUs, Python {platform.python_version()}), repeats={repeats}")
+                  f"({os.cpu_count()} CPUs, Python {platform.python_version()}), repeats={repeats}, "
+                  f"load average before {load0[0]:.1f} / after {os.getloadavg()[0]:.1f}")
     table = Table(title=f"weights: {total >> 20} MiB bf16 in {NUM_TENSORS} tensors, {CHUNK >> 20} MiB chunks, "
                         f"credit {CREDIT}, tcp loopback")
     for col in ("subscribers", "ours GB/s", "raw keep GB/s", "raw discard GB/s", "ratio ours/raw keep",
-                "receiver peak extra MiB (ours / raw keep)", "publish s"):
+                "receiver peak extra MiB (ours / raw keep)", "receiver CPU s/GiB (ours / raw keep)", "publish s"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["subscribers"]), f"{r['ours']:.2f}", f"{r['raw_keep']:.2f}", f"{r['raw_discard']:.2f}",
                       f"{r['ratio']:.2f}", f"{r['mem_ours'] / 2**20:.0f} / {r['mem_raw'] / 2**20:.0f}",
-                      f"{r['publish_s']:.2f}")
+                      f"{r['cpu_ours']:.2f} / {r['cpu_raw']:.2f}", f"{r['publish_s']:.2f}")
     console.print(table)
     t2 = Table(title=f"trajectories: {TOKENS} tokens, 2 actor processes -> learner, fsync'd spool")
     for col in ("trajectories", "acked trajectories/s", "MB/s", "wire bytes each", "fsync batches"):

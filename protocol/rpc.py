@@ -210,6 +210,8 @@ class RpcServer:
             self._running[request_id] = peer
             try:
                 out = self.handler(RpcRequest(msg, request_id, self))
+                if out is not None and not isinstance(out, Message):
+                    raise TypeError(f"handler returned {type(out).__name__}, not a Message or None")
             except Exception as e:  # a handler bug must not take the service down
                 self.stats["handler_errors"] += 1
                 log.exception("rpc %s: handler failed", self.server_id)

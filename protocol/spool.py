@@ -116,6 +116,10 @@ class TrajectorySpool:
         """Append records (episode id, wire frames as buffers) and make them durable before returning.
 
         The caller drops duplicates first (`episode_id in spool`); ids are added to the seen set here.
+
+        Raises:
+          OSError: the write or fdatasync failed; the segment is cut back to its previous length and none
+            of the records counts as stored.
         """
         if not records:
             return
@@ -130,9 +134,14 @@ class TrajectorySpool:
             for part in (ident, lens, *views):
                 crc = zlib.crc32(part, crc)
             bufs += [_HEAD.pack(_MAGIC, crc), fixed, ident, lens, *views]
-        written = _write_all(self._fd, bufs)
-        if self.fsync:
-            os.fdatasync(self._fd)
+        try:
+            written = _write_all(self._fd, bufs)
+            if self.fsync:
+                os.fdatasync(self._fd)
+        except OSError:
+            # a partial record must not stay in front of later (acked) ones: cut the file back
+            os.ftruncate(self._fd, self._sizes[self._active])
+            raise
         with self._lock:
             self._sizes[self._active] += written
             self._seen.update(eid for eid, _ in records)

@@ -58,7 +58,7 @@ class TrajectoryReceiver:
       on_stored: called in the receiver thread with the episode ids just made durable, before they are
         acked (e.g. to wake the learner's buffer); it must not block for long.
 
-    Counters in `stats`: received, stored, duplicates, bad_messages, acks_dropped, batches.
+    Counters in `stats`: received, stored, duplicates, bad_messages, acks_dropped, batches, store_errors.
     """
 
     def __init__(self, endpoint: str, spool: TrajectorySpool | str | Path, *, learner_id: str = "learner",
@@ -70,7 +70,7 @@ class TrajectoryReceiver:
         self.max_batch = max_batch
         self.limits = limits
         self.stats = collections.Counter({k: 0 for k in ("received", "stored", "duplicates", "bad_messages",
-                                                         "acks_dropped", "batches")})
+                                                         "acks_dropped", "batches", "store_errors")})
         self._ctx = zmq.Context()
         self._auth = curve.start_authenticator(self._ctx) if curve else None
         self._sock = make_socket(self._ctx, zmq.ROUTER, limits=limits, curve=curve, sndhwm=10_000,
@@ -124,7 +124,12 @@ class TrajectoryReceiver:
             if traj.episode_id not in fresh_ids and traj.episode_id not in self.spool:
                 fresh_ids.add(traj.episode_id)
                 fresh.append((traj.episode_id, [f.buffer for f in frames]))
-        self.spool.append(fresh)  # durable (fdatasync) before any ack below
+        try:
+            self.spool.append(fresh)  # durable (fdatasync) before any ack below
+        except OSError as e:  # disk full or failing: ack nothing, the actors resend later
+            self.stats["store_errors"] += 1
+            log.error("trajectory receiver: could not store %d trajectories: %s", len(fresh), e)
+            return
         self.stats["batches"] += 1
         self.stats["stored"] += len(fresh)
         if self.on_stored is not None and fresh:
@@ -309,7 +314,7 @@ class TrajectoryOutbox:
                 self._forget(msg.episode_id, "duplicates" if msg.status == "duplicate" else None)
             elif isinstance(msg, Error):
                 log.warning("outbox %s: learner refused %r: %s %s", self.actor_id, msg.request_id, msg.code, msg.message)
-                if msg.request_id:
+                if msg.request_id and msg.code == "bad_message":  # resending cannot help; other errors: resend
                     self._forget(msg.request_id, "rejected")
 
     def _forget(self, episode_id: str, counter: str | None) -> None:

@@ -36,3 +36,14 @@ def assert_same_message(a, b) -> None:
             assert math.isnan(y), f.name
         else:
             assert x == y, f.name
+
+
+def all_message_types() -> tuple:
+    """Every typed message class of the protocol."""
+    from protocol.handshake import Error, Heartbeat, Hello
+    from protocol.sandbox_jobs import SandboxJob, SandboxResult
+    from protocol.trajectory import TrajectoryAck
+    from protocol.weights import WeightsChunk, WeightsChunkRequest, WeightsManifest, WeightsRequest
+
+    return (Hello, Heartbeat, Error, Trajectory, TrajectoryAck, WeightsRequest, WeightsManifest,
+            WeightsChunkRequest, WeightsChunk, SandboxJob, SandboxResult)

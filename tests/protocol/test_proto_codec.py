@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from _proto_helpers import assert_same_message, make_trajectory
+from _proto_helpers import all_message_types, assert_same_message, make_trajectory
 from protocol.codec import DTYPES, PROTOCOL_VERSION, Limits, decode, encode
 from protocol.errors import ProtocolError
 from protocol.handshake import Error, Heartbeat, Hello
@@ -23,8 +23,7 @@ from protocol.trajectory import Trajectory, TrajectoryAck
 from protocol.weights import (WeightsChunk, WeightsChunkRequest, WeightsManifest, WeightsRequest, build_manifest,
                               plan_layout)
 
-ALL_TYPES = (Hello, Heartbeat, Error, Trajectory, TrajectoryAck, WeightsRequest, WeightsManifest,
-             WeightsChunkRequest, WeightsChunk, SandboxJob, SandboxResult)
+ALL_TYPES = all_message_types()
 
 # ---------------------------------------------------------------------------------------------------------
 # strategies

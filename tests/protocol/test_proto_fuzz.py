@@ -8,7 +8,6 @@ import time
 
 import msgpack
 import numpy as np
-import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,16 +15,18 @@ from hypothesis import strategies as st
 from _proto_helpers import make_trajectory
 from protocol.codec import PROTOCOL_VERSION, Limits, decode, encode
 from protocol.errors import ProtocolError
-from protocol.handshake import Error, Heartbeat, Hello
+from protocol.handshake import Error, Hello
 from protocol.rpc import RpcClient, RpcServer
 from protocol.sandbox_jobs import SandboxJob, SandboxResult
 from protocol.sockets import recv_frames
-from protocol.trajectory import Trajectory, TrajectoryAck
+from protocol.trajectory import TrajectoryAck
 from protocol.trajectory_channel import TrajectoryOutbox, TrajectoryReceiver
-from protocol.weights import WeightsChunk, WeightsChunkRequest, WeightsManifest, WeightsRequest
+from protocol.weights import WeightsChunk, WeightsChunkRequest
 from protocol.weights_channel import WeightsFetcher, WeightsPublisher
 
-from test_proto_codec import ALL_TYPES
+from _proto_helpers import all_message_types
+
+ALL_TYPES = all_message_types()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,13 +9,11 @@ import random
 import socket
 import time
 
-import numpy as np
 import pytest
 
 from _proto_helpers import assert_same_message, make_trajectory
 from _proto_workers import learner_main, trajectory_actor_main
 from protocol.codec import Limits, encode
-from protocol.errors import ProtocolError
 from protocol.spool import SpoolPosition, TrajectorySpool
 from protocol.trajectory_channel import TRAJECTORY_LIMITS, TrajectoryOutbox, TrajectoryReceiver
 
@@ -198,3 +196,28 @@ def test_1000_trajectories_arrive_exactly_once_while_the_learner_is_sigkilled_an
     print(f"kills={kills} resent={resent} duplicate acks={dup}")
     assert resent > 0  # the kills did hit trajectories in flight
     spool.close()
+
+
+def test_a_failed_write_leaves_no_torn_record_in_front_of_later_ones(tmp_path, monkeypatch):
+    import protocol.spool as spool_mod
+
+    spool = TrajectorySpool(tmp_path)
+    a, b, c = (make_trajectory(i) for i in range(3))
+    spool.append([(a.episode_id, encode(a))])
+    real = spool_mod._write_all
+
+    def half_then_fail(fd, bufs):  # the disk fills up half way through a record
+        os.write(fd, bytes(memoryview(bufs[0]).cast("B"))[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spool_mod, "_write_all", half_then_fail)
+    with pytest.raises(OSError):
+        spool.append([(b.episode_id, encode(b))])
+    monkeypatch.setattr(spool_mod, "_write_all", real)
+    assert b.episode_id not in spool
+    spool.append([(c.episode_id, encode(c))])
+    spool.close()
+    again = TrajectorySpool(tmp_path)
+    got, _ = _read_all(again)
+    assert [t.episode_id for t in got] == [a.episode_id, c.episode_id]
+    again.close()

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import threading
+import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
+import zmq
 
 from _proto_workers import actor_main, publisher_main, stalled_actor_main, tensors_digest, version_tensors
+from protocol.codec import Limits, decode
+from protocol.sockets import send_message
+from protocol.weights import WeightsChunk, WeightsChunkRequest, WeightsRequest, build_manifest, plan_layout
 from protocol.weights_channel import WeightsFetcher, WeightsPublisher
 
 CTX = mp.get_context("spawn")
@@ -79,7 +85,6 @@ def test_versions_1_to_3_reach_three_actor_processes_and_a_late_joiner_gets_the_
         actor_id, v, stats, _ = _get(results)
         assert v == "done"
         done[actor_id] = stats
-    print("actor stats", done)
     for stats in done.values():
         assert stats["fetches"] == 3 and stats["crc_failures"] == 0
     for a in actors:
@@ -185,21 +190,11 @@ def test_retired_chunk_buffers_are_reused_only_after_zeromq_released_them():
 
 def test_a_corrupted_chunk_is_caught_by_its_crc32_and_fetched_again():
     """A publisher (hand-driven ROUTER) whose first send of chunk 1 has a flipped bit."""
-    import threading
-
-    import zmq
-
-    from protocol.codec import Limits
-    from protocol.sockets import recv_frames, send_message
-    from protocol.weights import WeightsChunk, WeightsChunkRequest, WeightsRequest, build_manifest, plan_layout
-    from protocol.codec import decode
-
     tensors = {"w": np.arange(3000, dtype=np.float32)}
     offsets, total = plan_layout(tensors)
     stream = np.frombuffer(tensors["w"].tobytes(), np.uint8)
     chunk = 4096
     chunks = [stream[i:i + chunk] for i in range(0, total, chunk)]
-    import zlib
     manifest = build_manifest(3, tensors, offsets, total, chunk, [zlib.crc32(c) for c in chunks])
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
