@@ -468,13 +468,23 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
 # -------------------------------------------------------------------------------------------------- the pool
 
 
-def _worker_main(conn, cfg_dict: dict) -> None:
-    """Worker process: own process group, one torch thread pool, optional compile warm-up, then serve tasks."""
+def _worker_main(conn, cfg_dict: dict, slot: int = 0) -> None:
+    """Worker process: own process group, one torch thread pool, optional compile warm-up, then serve tasks.
+
+    Each worker slot gets its own inductor cache folder: two workers compiling the same graph at the same
+    time into one shared cache can read each other's half-written libraries ("file too short").
+    """
     try:
         os.setsid()
     except OSError:
         pass
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import getpass
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}", f"filter_worker{slot}")
     cfg = FilterConfig(**cfg_dict)
     import torch
 
@@ -539,9 +549,9 @@ class FilterPool:
     def pending(self) -> int:
         return len(self._queue) + sum(1 for s in self._slots if s.task is not None)
 
-    def _spawn(self) -> _Slot:
+    def _spawn(self, slot: int) -> _Slot:
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, dataclasses.asdict(self.cfg)), daemon=True)
+        p = self._ctx.Process(target=_worker_main, args=(child, dataclasses.asdict(self.cfg), slot), daemon=True)
         p.start()
         child.close()
         return _Slot(proc=p, conn=parent, started=time.monotonic())
@@ -563,12 +573,12 @@ class FilterPool:
 
     def _replace(self, i: int) -> None:
         self._kill(self._slots[i])
-        self._slots[i] = self._spawn()
+        self._slots[i] = self._spawn(i)
 
     def submit(self, task: Task) -> None:
         self._queue.append(task)
         while len(self._slots) < min(self.cfg.workers, self.pending):
-            self._slots.append(self._spawn())
+            self._slots.append(self._spawn(len(self._slots)))
 
     def _dispatch(self) -> None:
         for s in self._slots:

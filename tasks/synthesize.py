@@ -41,6 +41,8 @@ class SynthesisConfig:
       max_candidates: stop after this many candidates (0: 30 * n).
       benchmark: a benchmark folder/file; candidates near-duplicating one of its tasks are rejected
         ("contaminated"). Empty: no contamination check.
+      exclude: task files whose tasks count as already taken: candidates near-duplicating them are rejected
+        as "near_duplicate" (e.g. another split of the same release).
       same_ops_similarity, source_similarity: near-duplicate thresholds (tasks.dedup).
       inflight_per_worker: candidates queued per worker (keeps workers busy).
       filter: the execution filter's settings (autosize on by default here).
@@ -53,6 +55,7 @@ class SynthesisConfig:
     max_category_fraction: float = 0.30
     max_candidates: int = 0
     benchmark: str = ""
+    exclude: list[str] = field(default_factory=list)
     same_ops_similarity: float = 0.5
     source_similarity: float = 0.95
     inflight_per_worker: int = 2
@@ -144,6 +147,9 @@ class Synthesizer:
         index = DedupIndex(cfg.same_ops_similarity, cfg.source_similarity)
         for t in accepted_tasks:
             index.add(t.id, t.metadata.get("signature", ()), t.reference)
+        for path in cfg.exclude:
+            for t in load_jsonl(path):
+                index.add(t.id, t.metadata.get("signature", ()), t.reference)
         bench = benchmark_index(cfg.benchmark, cfg.same_ops_similarity, cfg.source_similarity) if cfg.benchmark else None
         max_candidates = cfg.max_candidates or 30 * cfg.n
         inflight: Counter = Counter()

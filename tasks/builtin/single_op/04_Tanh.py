@@ -1,0 +1,23 @@
+"""Hyperbolic tangent, elementwise."""
+
+import torch
+import torch.nn as nn
+
+batch_size = 256
+dim = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.tanh(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

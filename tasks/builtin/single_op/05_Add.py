@@ -1,0 +1,23 @@
+"""Elementwise sum of two tensors of the same shape."""
+
+import torch
+import torch.nn as nn
+
+batch_size = 256
+dim = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return a + b
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim), torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

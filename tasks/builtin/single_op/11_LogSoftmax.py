@@ -1,0 +1,24 @@
+"""Log-softmax over the last dimension of a [batch, dim] tensor."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 256
+dim = 2048
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return F.log_softmax(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

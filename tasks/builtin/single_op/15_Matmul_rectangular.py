@@ -1,0 +1,24 @@
+"""Rectangular matrix product: C[M, N] = A[M, K] @ B[K, N]."""
+
+import torch
+import torch.nn as nn
+
+M = 128
+K = 512
+N = 256
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def get_inputs():
+    return [torch.randn(M, K), torch.randn(K, N)]
+
+
+def get_init_inputs():
+    return []
