@@ -209,6 +209,7 @@ def _decode_arrays(cls: type[Message], table: Any, bufs: list[memoryview], limit
             raise ProtocolError(f"{cls.TYPE}.{name}", f"shape {shape} of {dt_name} needs {nbytes} bytes, frames hold {got}")
         if nframes == 1:
             flat = np.frombuffer(parts[0], dtype=np.uint8)
+            flat.flags.writeable = False  # a view of the received frame (pyzmq's frame buffers are writable)
         else:
             flat = np.empty(nbytes, dtype=np.uint8)
             at = 0

@@ -23,10 +23,10 @@ import logging
 import os
 import struct
 import threading
-import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
+from protocol.checksum import crc32
 from protocol.codec import Limits, decode
 from protocol.errors import ProtocolError
 from protocol.trajectory import Trajectory
@@ -130,9 +130,9 @@ class TrajectorySpool:
             lens = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
             body_len = len(ident) + len(lens) + sum(len(v) for v in views)
             fixed = _FIXED.pack(body_len, len(ident), len(views))
-            crc = zlib.crc32(fixed)
+            crc = crc32(fixed)
             for part in (ident, lens, *views):
-                crc = zlib.crc32(part, crc)
+                crc = crc32(part, crc)
             bufs += [_HEAD.pack(_MAGIC, crc), fixed, ident, lens, *views]
         try:
             written = _write_all(self._fd, bufs)
@@ -202,7 +202,7 @@ class TrajectorySpool:
         with open(self.dir / "seen.log", "ab") as f:
             for eid in ids:
                 raw = eid.encode()
-                f.write(_SEEN.pack(len(raw), zlib.crc32(raw)) + raw)
+                f.write(_SEEN.pack(len(raw), crc32(raw)) + raw)
             f.flush()
             os.fsync(f.fileno())
         for seg in done:
@@ -246,7 +246,7 @@ class TrajectorySpool:
         while at + _SEEN.size <= len(data):
             n, crc = _SEEN.unpack_from(data, at)
             raw = data[at + _SEEN.size: at + _SEEN.size + n]
-            if len(raw) != n or zlib.crc32(raw) != crc:
+            if len(raw) != n or crc32(raw) != crc:
                 break
             self._seen.add(raw.decode())
             at += _SEEN.size + n
@@ -311,7 +311,7 @@ def _read_record(f: Any, remaining: int, *, verify: bool,
     body = f.read(body_len)
     if len(body) != body_len:
         return None
-    if verify and zlib.crc32(body, zlib.crc32(head[_HEAD.size:])) != crc:
+    if verify and crc32(body, crc32(head[_HEAD.size:])) != crc:
         return None
     view = memoryview(body)
     lens = struct.unpack_from(f"<{nframes}Q", body, id_len)

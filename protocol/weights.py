@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import math
 import struct
-import zlib
 from typing import ClassVar, Mapping
 
 import numpy as np
@@ -53,7 +52,7 @@ class WeightsManifest(Message):
       offsets: per tensor, byte offset of its first byte in the stream.
       total_bytes: length of the byte stream.
       chunk_bytes: size of every chunk but the last.
-      chunk_crc32: per chunk, zlib.crc32 of its bytes.
+      chunk_crc32: per chunk, the CRC-32 of its bytes (`protocol.checksum.crc32`, equal to zlib.crc32).
       checksum: hex sha256 over the layout and `chunk_crc32` (`layout_checksum`), i.e. a two-level digest
         of the whole stream.
 
@@ -162,10 +161,6 @@ def build_manifest(version: int, tensors: Mapping[str, np.ndarray], offsets: lis
         chunk_bytes=chunk_bytes, chunk_crc32=tuple(chunk_crc32),
     )
     return WeightsManifest(**fields, checksum=layout_checksum(**fields))  # type: ignore[arg-type]
-
-
-def chunk_crc32(data: np.ndarray | memoryview | bytes) -> int:
-    return zlib.crc32(data)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

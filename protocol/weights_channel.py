@@ -9,10 +9,12 @@ that does not fit is dropped and counted; the actor asks again). A queued frame 
 so publisher memory is bounded by the kept versions plus `peers x (2 * max_credit + 4) x chunk_bytes`.
 
 Fetcher (actor side, DEALER): asks for the newest manifest, keeps `credit` chunk requests in flight, checks
-each chunk's crc32 against the manifest, copies it into one stream buffer (pages mapped up front, see `alloc_buffer`),
-re-requests what times out or fails its check, and returns the tensors (views into the stream) only when
-every chunk has passed. A version retired mid-fetch ("gone") restarts the fetch at the newest version.
-`recycle(update)` hands an old version's buffer back, so steady-state fetches allocate nothing.
+each chunk's CRC-32 against the manifest on a small thread pool while the next chunks arrive, re-requests
+what times out or fails its check, and returns the tensors only when every chunk has passed. A tensor that
+lies inside one chunk is a read-only view of the received ZeroMQ frame (no copy at all); a tensor spread over
+several chunks is joined into its own buffer (one copy). A version retired mid-fetch ("gone") restarts the
+fetch at the newest version. `recycle(update)` hands an old version's buffers back, so steady-state fetches
+allocate little.
 """
 
 from __future__ import annotations
@@ -26,17 +28,17 @@ import os
 import threading
 import time
 import uuid
-import zlib
 from typing import Any, Mapping
 
 import numpy as np
 import zmq
 
 from protocol.auth import CurveClient, CurveServer
-from protocol.codec import Limits, decode, dtype_name
+from protocol.codec import DTYPES, Limits, decode, dtype_name
 from protocol.errors import ProtocolError
 from protocol.handshake import Error, Heartbeat, Hello
 from protocol.sockets import make_socket, recv_frames, send_message
+from protocol.checksum import crc32
 from protocol.weights import (WeightsChunk, WeightsChunkRequest, WeightsManifest, WeightsRequest,
                               build_manifest, plan_layout)
 
@@ -142,7 +144,7 @@ class WeightsPublisher:
                     buf[o:o + k] = 0
                 else:
                     buf[o:o + k] = src
-            return zlib.crc32(buf)
+            return crc32(buf)
 
         crcs = list(self._workers.map(fill, range(len(chunks))))
         manifest = build_manifest(version, arrays, offsets, total, cb, crcs)
@@ -261,12 +263,14 @@ class WeightsPublisher:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class WeightsUpdate:
-    """A verified weights version: its manifest and name -> array views into one stream buffer. Hand it to
-    `WeightsFetcher.recycle` once the tensors are no longer used, so the next fetch reuses the buffer."""
+    """A verified weights version: its manifest and name -> read-only array. A tensor that lies inside one
+    chunk is a view of the received ZeroMQ frame (no copy); a tensor spread over several chunks is joined
+    into its own buffer (`buffers`). Hand the update to `WeightsFetcher.recycle` once its tensors are no
+    longer used, so the next fetch reuses those buffers."""
 
     manifest: WeightsManifest
     tensors: dict[str, np.ndarray]
-    stream: np.ndarray  # uint8 [total_bytes], the one buffer the tensors view
+    buffers: tuple[np.ndarray, ...] = ()  # uint8 buffers this update owns (joined tensors)
 
     @property
     def version(self) -> int:
@@ -289,11 +293,44 @@ def alloc_buffer(nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
 
 
-def _check_and_copy(stream: np.ndarray, start: int, stop: int, data: np.ndarray, crc: int) -> bool:
-    """Copy a chunk into place if its length and crc32 match (zlib and numpy release the GIL here)."""
-    if len(data) != stop - start or zlib.crc32(data) != crc:
+@dataclasses.dataclass
+class _Plan:
+    """Where each tensor of a manifest comes from: one chunk (zero-copy view) or pieces of several."""
+
+    home: dict[int, tuple[int, int]]                         # tensor -> (chunk, offset in chunk) when inside one
+    pieces: list[list[tuple[int, int, int, int]]]            # chunk -> [(tensor, tensor offset, chunk offset, n)]
+    keep: set[int]                                           # chunks whose frame backs a zero-copy tensor
+
+    @classmethod
+    def of(cls, m: WeightsManifest) -> "_Plan":
+        home, keep = {}, set()
+        pieces: list[list[tuple[int, int, int, int]]] = [[] for _ in range(m.num_chunks)]
+        for t in range(len(m.names)):
+            start, n = m.offsets[t], m.tensor_bytes(t)
+            if n == 0:
+                continue
+            first, last = start // m.chunk_bytes, (start + n - 1) // m.chunk_bytes
+            if first == last:
+                home[t] = (first, start - first * m.chunk_bytes)
+                keep.add(first)
+                continue
+            at = 0
+            while at < n:
+                c, o = divmod(start + at, m.chunk_bytes)
+                k = min(n - at, m.chunk_range(c)[1] - m.chunk_range(c)[0] - o)
+                pieces[c].append((t, at, o, k))
+                at += k
+        return cls(home, pieces, keep)
+
+
+def _check_and_place(data: np.ndarray, expected_len: int, crc: int, pieces: list[tuple[int, int, int, int]],
+                     joined: dict[int, np.ndarray]) -> bool:
+    """Check a chunk's length and CRC-32, then copy its pieces of multi-chunk tensors into place (the CRC
+    and numpy's copy release the GIL, so this runs on the pool while the next chunks arrive)."""
+    if len(data) != expected_len or crc32(data) != crc:
         return False
-    stream[start:stop] = data
+    for t, t_off, c_off, n in pieces:
+        joined[t][t_off:t_off + n] = data[c_off:c_off + n]
     return True
 
 
@@ -321,7 +358,7 @@ class WeightsFetcher:
         self.credit = credit
         self.timeout_s = timeout_s
         self.max_total_bytes = max_total_bytes
-        self._spare: np.ndarray | None = None
+        self._spare: dict[int, list[np.ndarray]] = {}  # recycled buffers by size
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, verify_workers), thread_name_prefix="weights-check")
         self.limits = fetch_limits(max_chunk_bytes)
         self.stats = collections.Counter({k: 0 for k in ("fetches", "chunks", "bytes", "crc_failures",
@@ -333,9 +370,9 @@ class WeightsFetcher:
         self._sock.connect(endpoint)
 
     def recycle(self, update: WeightsUpdate) -> None:
-        """The caller no longer uses `update`'s tensors: its buffer may be overwritten by the next fetch."""
-        if self._spare is None or update.stream.nbytes > self._spare.nbytes:
-            self._spare = update.stream
+        """The caller no longer uses `update`'s tensors: their buffers may be overwritten by the next fetch."""
+        for buf in update.buffers:
+            self._spare.setdefault(buf.nbytes, []).append(buf)
 
     def newest_manifest(self, timeout_s: float | None = None) -> WeightsManifest | None:
         """The publisher's newest manifest, or None when nothing is published yet.
@@ -366,25 +403,29 @@ class WeightsFetcher:
             manifest = self.newest_manifest(timeout_s)
             if manifest is None or manifest.version <= known_version:
                 return None
-            stream = self._pull(manifest, timeout_s)
-            if stream is not None:
+            update = self._pull(manifest, timeout_s)
+            if update is not None:
                 self.stats["fetches"] += 1
-                return WeightsUpdate(manifest, manifest.tensors_from(stream), stream)
+                return update
             self.stats["restarts"] += 1
         raise TimeoutError("weights kept being retired while fetching; is the publisher publishing too fast?")
 
-    def _pull(self, manifest: WeightsManifest, timeout_s: float) -> np.ndarray | None:
-        """All chunks of `manifest` into a stream buffer (new, or a recycled one); None when the version is gone."""
+    def _pull(self, manifest: WeightsManifest, timeout_s: float) -> WeightsUpdate | None:
+        """Every chunk of `manifest`, checked, as a WeightsUpdate; None when the version is gone."""
         if manifest.total_bytes > self.max_total_bytes:
             raise ProtocolError("WeightsManifest.total_bytes",
                                 f"{manifest.total_bytes} bytes exceeds this fetcher's {self.max_total_bytes}")
         if manifest.chunk_bytes > self.limits.max_frame_bytes:
             raise ProtocolError("WeightsManifest.chunk_bytes",
                                 f"{manifest.chunk_bytes} bytes exceeds this fetcher's {self.limits.max_frame_bytes}")
-        if self._spare is not None and self._spare.nbytes >= manifest.total_bytes:
-            stream, self._spare = self._spare[:manifest.total_bytes], None
-        else:
-            stream = alloc_buffer(manifest.total_bytes)
+        plan = _Plan.of(manifest)
+        joined: dict[int, np.ndarray] = {}
+        for t in range(len(manifest.names)):
+            if t not in plan.home and manifest.tensor_bytes(t):
+                n = manifest.tensor_bytes(t)
+                spare = self._spare.get(n)
+                joined[t] = spare.pop() if spare else alloc_buffer(n)
+        kept: dict[int, np.ndarray] = {}  # chunk -> received data backing zero-copy tensors
         todo = collections.deque(range(manifest.num_chunks))
         outstanding: dict[int, None] = {}  # requested, in request order (replies come back in that order)
         checking: dict[concurrent.futures.Future, int] = {}  # received, crc32 + copy running on the pool
@@ -409,6 +450,7 @@ class WeightsFetcher:
                     self.stats["chunks"] += 1
                     self.stats["bytes"] += manifest.chunk_range(index)[1] - manifest.chunk_range(index)[0]
                     continue
+                kept.pop(index, None)
                 crc_failures += 1
                 self.stats["crc_failures"] += 1
                 if crc_failures > 3 * self.credit:
@@ -435,9 +477,9 @@ class WeightsFetcher:
             idle_rounds = 0
             if isinstance(msg, Error):
                 if msg.code == "gone" and msg.request_id == str(manifest.version):
-                    for fut in checking:
-                        fut.cancel()
                     concurrent.futures.wait(list(checking))
+                    for t, buf in joined.items():  # keep the buffers for the retry
+                        self._spare.setdefault(buf.nbytes, []).append(buf)
                     return None
                 continue
             if not isinstance(msg, WeightsChunk) or msg.version != manifest.version or msg.index not in outstanding:
@@ -451,9 +493,23 @@ class WeightsFetcher:
             del outstanding[msg.index]
             request_more()  # keep the window full while this chunk is checked and copied
             start, stop = manifest.chunk_range(msg.index)
-            checking[self._pool.submit(_check_and_copy, stream, start, stop, msg.data,
-                                       manifest.chunk_crc32[msg.index])] = msg.index
-        return stream
+            if msg.index in plan.keep:
+                kept[msg.index] = msg.data
+            checking[self._pool.submit(_check_and_place, msg.data, stop - start, manifest.chunk_crc32[msg.index],
+                                       plan.pieces[msg.index], joined)] = msg.index
+        tensors = {}
+        for t, name in enumerate(manifest.names):
+            dtype, shape = DTYPES[manifest.dtypes[t]], manifest.shapes[t]
+            if t in plan.home:
+                c, o = plan.home[t]
+                raw = kept[c][o:o + manifest.tensor_bytes(t)]
+            elif t in joined:
+                raw = joined[t][:]
+                raw.flags.writeable = False
+            else:
+                raw = np.empty(0, np.uint8)
+            tensors[name] = raw.view(dtype).reshape(shape)
+        return WeightsUpdate(manifest, tensors, tuple(joined.values()))
 
     def _recv(self, deadline: float) -> Any | None:
         """Next decodable reply before `deadline`, or None at the deadline (bad replies are counted)."""

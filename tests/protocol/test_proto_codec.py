@@ -318,3 +318,14 @@ def test_numpy_scalars_in_maps_are_normalised_and_pack():
     got = decode(encode(t), (Hello,))
     assert got.capabilities == {"gpus": 8, "mem": 1.5, "ok": True}
     assert math.isclose(got.capabilities["mem"], 1.5)
+
+
+def test_checksum_is_the_zlib_crc32_whatever_the_implementation():
+    import zlib
+
+    from protocol.checksum import crc32
+
+    data = np.random.default_rng(0).bytes((1 << 20) + 13)
+    assert crc32(data) == zlib.crc32(data)
+    assert crc32(data[100:], 12345) == zlib.crc32(data[100:], 12345)
+    assert crc32(np.frombuffer(data, np.uint8)) == zlib.crc32(data)

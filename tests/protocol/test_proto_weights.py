@@ -154,11 +154,13 @@ def test_in_process_fetch_is_exact_for_bf16_and_odd_sizes():
         with pytest.raises(ValueError):
             pub.publish(7, tensors)
         assert tensors_digest(update.tensors) == tensors_digest(tensors)
-        fetcher.recycle(update)  # done with v7: the next fetch writes into its buffer
-        tensors8 = {k: (v + 1 if v.dtype != ml_dtypes.bfloat16 else v) for k, v in tensors.items()}
+        assert not update.tensors["norm"].flags.writeable  # inside one chunk: a view of the received frame
+        assert len(update.buffers) == 1 and np.shares_memory(update.tensors["emb"], update.buffers[0])  # joined
+        fetcher.recycle(update)  # done with v7: the next fetch writes into its buffers
+        tensors8 = {k: (v + 1 if v.dtype != ml_dtypes.bfloat16 else -v) for k, v in tensors.items()}
         pub.publish(8, tensors8)
         update8 = fetcher.fetch(known_version=7)
-        assert np.shares_memory(update8.stream, update.stream)
+        assert np.shares_memory(update8.tensors["emb"], update.buffers[0])
         assert tensors_digest(update8.tensors) == tensors_digest(tensors8)
 
 
