@@ -114,7 +114,14 @@ def detect_arch(cfg: SandboxConfig) -> str:
             pynvml.nvmlShutdown()
         suffix = "a" if major >= 9 else ""
         return f"sm_{major}{minor}{suffix}"
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML binding: ask nvidia-smi
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.split()
+        major, minor = out[0].split(".")
+        return f"sm_{major}{minor}{'a' if int(major) >= 9 else ''}"
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
         return cfg.default_cuda_arch
 
 
@@ -356,11 +363,10 @@ def _build_extension(r: _Runner, ws: Workspace, cfg: SandboxConfig, files: dict[
 
 
 def torch_arch_list(arch: str) -> str:
-    """nvcc target -> TORCH_CUDA_ARCH_LIST entry: "sm_90a" -> "9.0a", "sm_80" -> "8.0"."""
-    d = arch.removeprefix("sm_").removeprefix("compute_")
-    suffix = "".join(ch for ch in d if not ch.isdigit())
-    digits = "".join(ch for ch in d if ch.isdigit())
-    return f"{digits[:-1]}.{digits[-1]}{suffix}"
+    """nvcc target -> TORCH_CUDA_ARCH_LIST entry: "sm_90a" -> "9.0", "sm_80" -> "8.0" (the arch-specific "a"
+    features are not used by extension builds; plain entries are accepted by every torch version)."""
+    digits = "".join(ch for ch in arch.removeprefix("sm_").removeprefix("compute_") if ch.isdigit())
+    return f"{digits[:-1]}.{digits[-1]}"
 
 
 def build_dir_for_dev(src_dir: Path, fmt: str) -> str:

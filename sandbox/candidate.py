@@ -90,6 +90,7 @@ class Worker:
         self.import_violations: list[str] = []
         self.cuda = device.startswith("cuda")
         self.flush = None
+        self.io = os.path.join(ws, ".io")  # large tensors travel as files here (sandbox.wire spill)
 
     def _to_device(self, v: Any) -> Any:
         torch = self.torch
@@ -123,8 +124,8 @@ class Worker:
         if not hasattr(mod, "ModelNew"):
             return {"ok": False, "status": "load_error", "error": "model_new.py defines no ModelNew", "violations": []}
         try:
-            init_inputs = wire.decode_value(msg["init_inputs"])
-            state = wire.decode_value(msg["state_dict"])
+            init_inputs = wire.decode_value(msg["init_inputs"], self.io)
+            state = wire.decode_value(msg["state_dict"], self.io)
             model = mod.ModelNew(*init_inputs)
             if not isinstance(model, self.torch.nn.Module):
                 return {"ok": False, "status": "load_error", "error": "ModelNew is not a torch.nn.Module",
@@ -158,7 +159,7 @@ class Worker:
         from sandbox import wire
 
         torch = self.torch
-        self.inputs = tuple(self._to_device(wire.decode_value(msg["inputs"])))
+        self.inputs = tuple(self._to_device(wire.decode_value(msg["inputs"], self.io)))
         before = [t.clone() for t in _tensors(self.inputs)]
         viol: list[str] = []
         try:
@@ -181,7 +182,7 @@ class Worker:
         mutated = [f"input {j} was modified by forward" for j, (a, b) in enumerate(zip(ins, before))
                    if not (a.shape == b.shape and torch.equal(a, b))]
         try:
-            enc = wire.encode_value(out)
+            enc = wire.encode_value(out, self.io)
         except (TypeError, RuntimeError) as e:
             return {"ok": False, "status": "runtime_error", "error": f"forward returned something that is not "
                                                                       f"tensors: {e}", "violations": []}
@@ -213,7 +214,7 @@ class Worker:
     def last_outputs(self, msg: dict) -> dict:
         from sandbox import wire
 
-        return {"ok": True, "outputs": wire.encode_value(self.last_out)}
+        return {"ok": True, "outputs": wire.encode_value(self.last_out, self.io)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -169,7 +169,7 @@ class CandidateProcess:
             argv = command_prefix() + argv
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(REPO_ROOT),
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             "HOME": tempfile.gettempdir(),
             "OMP_NUM_THREADS": str(cfg.cpu_threads),
             "MKL_NUM_THREADS": str(cfg.cpu_threads),
@@ -313,21 +313,33 @@ def _reply_failure(reply: dict, stage: str) -> StageFailure:
 
 
 def _nvml(device_index: int) -> dict[str, Any] | None:
+    """Clocks (MHz), temperature (C), utilisation (%) and power (W) of a GPU now: NVML, else nvidia-smi; None if
+    neither answers (readings are best effort)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        r = {
+        return {
             "t": time.time(),
             "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
             "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
             "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             "utilization_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
             "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "source": "nvml",
         }
-        return r
-    except Exception:  # noqa: BLE001 - readings are best effort
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        q = "clocks.sm,clocks.mem,temperature.gpu,utilization.gpu,power.draw"
+        p = subprocess.run(["nvidia-smi", f"--id={device_index}", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)
+        vals = [v.strip() for v in p.stdout.strip().split(",")]
+        num = [float(v) if v.replace(".", "", 1).isdigit() else -1.0 for v in vals]
+        return {"t": time.time(), "sm_clock_mhz": num[0], "mem_clock_mhz": num[1], "temperature_c": num[2],
+                "utilization_pct": num[3], "power_w": num[4], "source": "nvidia-smi"}
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
         return None
 
 
@@ -367,6 +379,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         t1 = time.perf_counter()
         cand = spares.take(device, jail is not None)
         ws = job["workspace"]
+        io = os.path.join(ws, ".io")  # large tensors travel as files (sandbox.wire spill); made by the Evaluator
         env = {"HOME": ws, "TMPDIR": os.path.join(ws, ".tmp"), **(job.get("extra_env") or {})}
         if job.get("manifest"):
             env["CUDA_AGENT_KERNELS_MANIFEST"] = job["manifest"]
@@ -380,8 +393,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
             t1 = time.perf_counter()
-            reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs),
-                                  "state_dict": wire.encode_value(state.state_dict)}, job["load_timeout_s"])
+            reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs, io),
+                                  "state_dict": wire.encode_value(state.state_dict, io)}, job["load_timeout_s"])
         except wire.ChannelTimeout:
             raise StageFailure(Status.TIMEOUT, f"load: model_new.py import / ModelNew construction ran past "
                                                f"{job['load_timeout_s']:g} s") from None
@@ -399,9 +412,9 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         t2 = time.perf_counter()
         atol, rtol = job["atol"], job["rtol"]
         for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
-            reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x), "poison": cfg.poison_outputs},
+            reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
                          cfg.trial_timeout_s, f"trial {i}")
-            tr = _check_reply(reply, ref, atol, rtol, i)
+            tr = _check_reply(reply, ref, atol, rtol, i, io)
             out["trials"].append(tr.to_dict())
             if not tr.ok:
                 raise StageFailure(Status.INCORRECT, f"trial {i}: {tr.message}")
@@ -412,7 +425,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
         timing, extra_trial = _profile(cand, state, inputs_cpu[0], inputs_dev[0], ref_outs[0], cfg, cuda, device,
-                                       atol, rtol, out)
+                                       atol, rtol, out, io)
         if extra_trial is not None:
             out["trials"].append(extra_trial.to_dict())
             if not extra_trial.ok:
@@ -450,7 +463,7 @@ def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str) -> dic
     return reply
 
 
-def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int) -> TrialResult:
+def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int, io: str | None) -> TrialResult:
     if reply.get("alias"):
         raise StageFailure(Status.INCORRECT, f"trial {index}: {reply['alias'][0]} (return fresh output tensors)",
                            [Violation("alias", reply["alias"][0])])
@@ -458,14 +471,15 @@ def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int) ->
         raise StageFailure(Status.INCORRECT, f"trial {index}: {reply['mutated'][0]}", [Violation("input_mutation",
                                                                                                   reply["mutated"][0])])
     try:
-        cand_out = wire.decode_value(reply["outputs"])
+        cand_out = wire.decode_value(reply["outputs"], io)
     except (ValueError, KeyError, TypeError) as e:
         raise StageFailure(Status.RUNTIME_ERROR, f"trial {index}: malformed outputs: {e}") from None
     return compare(ref, cand_out, atol, rtol, index)
 
 
 def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list, ref_out: Any, cfg: SandboxConfig,
-             cuda: bool, device: str, atol: float, rtol: float, out: dict) -> tuple[TimingStats, TrialResult | None]:
+             cuda: bool, device: str, atol: float, rtol: float, out: dict,
+             io: str) -> tuple[TimingStats, TrialResult | None]:
     deadline = time.monotonic() + cfg.profile_timeout_s
     flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
     x_ref = list(x_dev)
@@ -489,7 +503,9 @@ def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list,
             compiled(*x_ref)
 
     # candidate must be on the timing inputs (trial 0's): run them once more, unpoisoned
-    _run(cand, {"op": "run", "inputs": wire.encode_value(x_cpu), "poison": False}, cfg.trial_timeout_s, "profile")
+    reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x_cpu, io), "poison": False}, cfg.trial_timeout_s,
+                 "profile")
+    _check_reply(reply, ref_out, atol, rtol, cfg.num_trials, io)  # consumes (and removes) its spilled outputs
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)
@@ -529,7 +545,7 @@ def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list,
     extra = None
     if cfg.check_timed_outputs:
         reply = _run(cand, {"op": "last_outputs"}, cfg.trial_timeout_s, "profile")
-        extra = _check_reply(reply, ref_out, atol, rtol, cfg.num_trials)
+        extra = _check_reply(reply, ref_out, atol, rtol, cfg.num_trials, io)
     se = bootstrap_speedup(samples["eager"], samples["candidate"], cfg.bootstrap_samples, cfg.ci_level)
     sc = (bootstrap_speedup(samples["compiled"], samples["candidate"], cfg.bootstrap_samples, cfg.ci_level)
           if compiled is not None else None)

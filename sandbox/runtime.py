@@ -260,7 +260,7 @@ class CubinKernel:
         f = self._function(drv, device)
         if shared_mem > 48 * 1024:
             drv.check(drv.lib.cuFuncSetAttribute(f, 8, shared_mem), f"{name}: set max dynamic shared memory")
-        params = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        params = _kernel_params(vals)
         stream = torch.cuda.current_stream(device).cuda_stream
         _count(name)
         drv.check(drv.lib.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, params, None),
@@ -268,6 +268,11 @@ class CubinKernel:
 
 
 _module_cache: dict[tuple[str, int], int] = {}
+
+
+def _kernel_params(vals: list) -> Any:
+    """cuLaunchKernel's `void** kernelParams`: one pointer to each argument's value (vals must outlive the launch)."""
+    return (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
 
 
 class Kernels:

@@ -30,8 +30,15 @@ class MessageTooLarge(ValueError):
     """A message announced more bytes than the receiver accepts."""
 
 
-def encode_value(v: Any) -> Any:
-    """Nested tensors / tuples / lists / dicts / scalars -> msgpack-able plain values. Tensors are copied to CPU."""
+SPILL_MIN_BYTES = 1 << 20
+
+
+def encode_value(v: Any, spill_dir: str | None = None) -> Any:
+    """Nested tensors / tuples / lists / dicts / scalars -> msgpack-able plain values. Tensors are copied to CPU.
+
+    With spill_dir, tensors of at least SPILL_MIN_BYTES are written to a fresh file there (random name, created
+    with O_EXCL, so a planted symlink is never followed) and the record carries the file name instead of the bytes.
+    """
     import torch
 
     if isinstance(v, torch.Tensor):
@@ -39,14 +46,25 @@ def encode_value(v: Any) -> Any:
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {"__tensor__": 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": data}
+        rec = {"__tensor__": 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else None
+        if spill_dir is not None and raw is not None and raw.nbytes >= SPILL_MIN_BYTES:
+            import secrets
+
+            name = f"t_{secrets.token_hex(12)}.bin"
+            fd = os.open(os.path.join(spill_dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(memoryview(raw))
+            rec["file"] = name
+        else:
+            rec["data"] = raw.tobytes() if raw is not None else b""
+        return rec
     if isinstance(v, tuple):
-        return {"__tuple__": [encode_value(x) for x in v]}
+        return {"__tuple__": [encode_value(x, spill_dir) for x in v]}
     if isinstance(v, list):
-        return [encode_value(x) for x in v]
+        return [encode_value(x, spill_dir) for x in v]
     if isinstance(v, dict):
-        return {str(k): encode_value(x) for k, x in v.items()}
+        return {str(k): encode_value(x, spill_dir) for k, x in v.items()}
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return v
     if hasattr(v, "__index__"):
@@ -60,8 +78,41 @@ _DTYPES = {"float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16"
            "complex64", "complex128"}
 
 
-def decode_value(v: Any) -> Any:
-    """Inverse of encode_value. Raises ValueError for a malformed tensor record (wrong byte count, bad dtype)."""
+def _read_spilled(spill_dir: str | None, name: Any, nbytes: int) -> bytearray:
+    import stat
+
+    if spill_dir is None or not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise ValueError(f"tensor record names an unusable file {name!r}")
+    try:
+        fd = os.open(os.path.join(spill_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ValueError(f"tensor file {name!r}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
+            raise ValueError(f"tensor file {name!r} is not a regular file of {nbytes} bytes")
+        buf = bytearray(nbytes)
+        view = memoryview(buf)
+        got = 0
+        while got < nbytes:
+            n = os.readv(fd, [view[got:]])
+            if n <= 0:
+                raise ValueError(f"tensor file {name!r} is shorter than announced")
+            got += n
+        return buf
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(os.path.join(spill_dir, name))
+        except OSError:
+            pass
+
+
+def decode_value(v: Any, spill_dir: str | None = None) -> Any:
+    """Inverse of encode_value (spilled tensors are read from spill_dir and their files removed).
+
+    Raises ValueError for a malformed tensor record (wrong byte count, bad dtype, a file that is not a regular
+    file of the announced size, a path outside spill_dir)."""
     import torch
 
     if isinstance(v, dict):
@@ -76,19 +127,20 @@ def decode_value(v: Any) -> Any:
             numel = 1
             for s in shape:
                 numel *= s
-            data = v["data"]
             itemsize = torch.empty((), dtype=dt).element_size()
+            data = _read_spilled(spill_dir, v["file"], numel * itemsize) if "file" in v else v.get("data")
             if not isinstance(data, (bytes, bytearray)) or len(data) != numel * itemsize:
                 raise ValueError(f"tensor record of shape {shape} {dtype} carries {len(data)} bytes, "
                                  f"expected {numel * itemsize}")
             if numel == 0:
                 return torch.empty(shape, dtype=dt)
-            return torch.frombuffer(bytearray(data), dtype=dt).reshape(shape)
+            buf = data if isinstance(data, bytearray) else bytearray(data)
+            return torch.frombuffer(buf, dtype=dt).reshape(shape)
         if "__tuple__" in v:
-            return tuple(decode_value(x) for x in v["__tuple__"])
-        return {k: decode_value(x) for k, x in v.items()}
+            return tuple(decode_value(x, spill_dir) for x in v["__tuple__"])
+        return {k: decode_value(x, spill_dir) for k, x in v.items()}
     if isinstance(v, list):
-        return [decode_value(x) for x in v]
+        return [decode_value(x, spill_dir) for x in v]
     return v
 
 

@@ -84,6 +84,7 @@ class Workspace:
         (path / "kernels").mkdir()
         (path / ".build").mkdir()
         (path / ".tmp").mkdir()
+        (path / ".io").mkdir()
         for rel, text in files.items():
             (path / rel).write_text(text)
         (path / "model.py").write_text(reference)

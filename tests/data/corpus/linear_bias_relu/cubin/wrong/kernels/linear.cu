@@ -1,0 +1,9 @@
+// Wrong: forgets the bias.
+extern "C" __global__ void linear_bias_relu(const float* x, const float* w, const float* bias, float* out, int batch,
+                                            int in_f, int out_f) {
+    int i = blockIdx.y * blockDim.y + threadIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= batch || j >= out_f) return;
+    float acc = 0.f;
+    for (int p = 0; p < in_f; ++p) acc += x[(long long)i * in_f + p] * w[(long long)j * in_f + p];
+    out[(long long)i * out_f + j] = fmaxf(acc, 0.f);
+}

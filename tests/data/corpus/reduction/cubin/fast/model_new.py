@@ -1,0 +1,19 @@
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        cols = x.shape[-1]
+        rows = x.numel() // cols
+        out = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device)
+        K.mean_of_squares(x, out, rows, cols, grid=(rows,), block=(256,))
+        return out

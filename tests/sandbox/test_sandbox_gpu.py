@@ -1,0 +1,91 @@
+"""On a CUDA host (the H200): the cubin corpus end to end, the extension format on three tasks (built in
+parallel), the launcher on torch's current stream, and NVML readings next to each timing."""
+
+import concurrent.futures as cf
+import os
+
+import pytest
+import torch
+
+from sandbox.config import SandboxConfig
+from sandbox.files import load_solution, load_task
+from sandbox_testlib import CORPUS, TASKS, VARIANTS
+
+pytestmark = pytest.mark.gpu
+
+EXPECTED = {"fast": "ok", "slow": "ok", "wrong": "incorrect", "crash": "runtime_error", "hang": "timeout"}
+
+
+def gpu_config(tmp, **kw) -> SandboxConfig:
+    # torch.compile's baseline is left to benchmarks/sandbox_bench.py here: its first call per task costs seconds
+    # of scarce device time, and statuses do not depend on it.
+    base = dict(backend="cuda", cache_dir=str(tmp / "cache"), work_root=str(tmp / "ws"), trial_timeout_s=5.0,
+                reps=10, warmup_calls=2, min_rep_ms=1.0, use_compile=False)
+    base.update(kw)
+    return SandboxConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def gpu_evaluator(tmp_path_factory):
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(gpu_config(tmp_path_factory.mktemp("gpu")))
+    yield ev
+    ev.close()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("task", TASKS)
+def test_cubin_corpus(gpu_evaluator, task, variant):
+    res = gpu_evaluator.evaluate(load_task(CORPUS / task), load_solution(CORPUS / task / "cubin" / variant), "cubin")
+    print(f"\n{task}/{variant}: {res.status} reward={res.reward} {res.message[:160]} stages="
+          f"{ {k: round(v) for k, v in res.stage_ms.items()} }")
+    assert res.status == EXPECTED[variant], f"{task}/{variant}: {res.status}: {res.message}\n{res.log}"
+    if res.ok:
+        assert res.reward >= 0 and res.timing is not None and res.timing.device != "cpu"
+        assert len(res.nvml) == 2 and res.nvml[0]["sm_clock_mhz"] > 0
+    else:
+        assert res.reward == -1
+
+
+def test_extension_format_three_tasks_built_in_parallel(tmp_path):
+    from sandbox.evaluator import Evaluator
+
+    cases = [("elementwise_chain", "extension/fast"), ("linear_bias_relu", "extension/fast"),
+             ("row_softmax", "extension/fast")]  # the last is KernelBench load_inline (built at import)
+
+    def one(case):
+        t, sol = case
+        with Evaluator(gpu_config(tmp_path / t, load_timeout_s=60.0, reps=5)) as ev:
+            return t, ev.evaluate(load_task(CORPUS / t), load_solution(CORPUS / t / sol), "extension")
+
+    with cf.ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(one, cases))
+    for t, res in results:
+        print(f"\n{t}: {res.status} {res.message[:200]} stages={ {k: round(v) for k, v in res.stage_ms.items()} }")
+        assert res.status == "ok", f"{t}: {res.message}\n{res.compile_log[-2000:]}\n{res.log}"
+
+
+def test_launcher_uses_torch_current_stream_and_checks_device(tmp_path):
+    from sandbox.build import build
+    from sandbox.runtime import LaunchArgumentError, load_kernels
+    from sandbox.workspace import Workspace
+
+    files = load_solution(CORPUS / "elementwise_chain" / "cubin" / "fast")
+    ws = Workspace.create(tmp_path, "", files, "cubin")
+    res = build(ws, "cubin", SandboxConfig(cache_dir=str(tmp_path / "cache")), None, "sm_90a")
+    assert res.ok, res.log
+    K = load_kernels(res.manifest_path)
+    x = torch.randn(1 << 20, device="cuda")
+    out = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        K.elementwise_chain(x, out, x.numel(), grid=(4096,), block=(256,))
+    s.synchronize()
+    y = x * 1.5 + 0.5
+    ref = ((torch.clamp(torch.relu(y) - x * 0.25, max=4.0)) ** 2 + 1.0) / (1.0 + x.abs())
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(LaunchArgumentError, match="cuda"):
+        K.elementwise_chain(x.cpu(), out, x.numel(), grid=(1,), block=(256,))
+    with pytest.raises(LaunchArgumentError, match="grid"):
+        K.elementwise_chain(x, out, x.numel())
