@@ -25,6 +25,8 @@ A slot thread takes the next job, drops it if its deadline has passed (`Error(go
 and sends it to its worker process with a time bound. A worker that dies or hangs is killed and replaced
 (`worker_restarts`); its job goes back to the head of the queue, and a job that has lost
 `max_worker_failures` workers is answered `internal_error` (poisoned) instead of being retried forever.
+An `internal_error` result (the sandbox's fault, e.g. a candidate process that could not start on an
+overloaded host) is evaluated again `internal_error_retries` times before it is answered.
 
 Timing on a GPU holds the device's timing lock (sandbox.service_lock) for the evaluation; a result timed
 without it is flagged `contended` and is not reused for other jobs.
@@ -109,6 +111,9 @@ class ServiceConfig:
     """How long a job id is remembered, seconds."""
     max_worker_failures: int = 2
     """A job that has lost this many workers is answered internal_error (poisoned) instead of retried."""
+    internal_error_retries: int = 1
+    """An internal_error result (the sandbox's fault, e.g. a candidate process that could not start on an
+    overloaded host) is evaluated again this many times before it is answered."""
     evaluators_per_worker: int = 3
     """Evaluators a worker keeps, one per distinct job settings (LRU). 3 fits the agent loop's stages: build_only
     (no trusted worker), profile off (verify) and the node's own settings (profile, final reward)."""
@@ -144,7 +149,7 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not re.match(r"^(tcp|ipc|inproc)://", self.endpoint):
             raise ValueError(f"ServiceConfig.endpoint must be tcp://, ipc:// or inproc://, got {self.endpoint!r}")
-        for name, lo in (("workers", 0), ("queue_max", 1), ("max_worker_failures", 1), ("evaluators_per_worker", 1),
+        for name, lo in (("workers", 0), ("queue_max", 1), ("max_worker_failures", 1), ("internal_error_retries", 0), ("evaluators_per_worker", 1),
                          ("job_ids_kept", 1), ("result_cache_bytes", 0), ("build_workers", -1), ("metrics_port", -1)):
             if getattr(self, name) < lo:
                 raise ValueError(f"ServiceConfig.{name} must be >= {lo}, got {getattr(self, name)}")
@@ -578,6 +583,16 @@ class SandboxNode:
                                      format=job.format, backend=self.backend).to_dict()
         else:
             res = out["result"]
+        if res.get("status") == Status.INTERNAL_ERROR.value and entry.retries < self.cfg.internal_error_retries:
+            entry.retries += 1
+            self.metrics.rejected_job("internal_retry")
+            log.warning("sandbox node: job %s: internal_error (%s); evaluating it again", job.job_id,
+                        str(res.get("message", ""))[:300])
+            p.notes.append(f"internal_error on the first try ({str(res.get('message', ''))[:300]}); evaluated again")
+            with self._cv:
+                self.queue.push(entry, force=True)
+                self._cv.notify()
+            return
         self._finish(entry, res, stage)
 
     def _job_bound(self, c: SandboxConfig) -> float:

@@ -34,6 +34,7 @@ class QueuedJob:
     waiters: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
     accepted: float = dataclasses.field(default_factory=time.monotonic)
     failures: int = 0          # workers lost while running it
+    retries: int = 0           # internal_error results answered by running it again
     seq: int = 0
 
 

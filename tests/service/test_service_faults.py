@@ -39,7 +39,7 @@ def test_worker_killed_mid_job_is_replaced_and_a_poisoned_job_is_answered(tmp_pa
             time.sleep(0.3)
             os.kill(pid, signal.SIGKILL)
             res = fut.result(timeout=180)
-            assert res.status == "ok" and res.result["reward"] >= 0
+            assert res.status == "ok" and res.result["reward"] >= 0, res.result["message"]
             assert any("died mid-job (killed by SIGKILL)" in ln and "worker replaced" in ln for ln in res.result["log"])
             st = wait_until(lambda: (s := node_status(c, node.endpoint))["counts"].get("worker_restarts") and s, 10,
                             "the restart in the node's counters")
