@@ -6,7 +6,8 @@ waiting at once; the oldest request's version goes first), up to `max_batch`, an
 one worker thread, so the event loop keeps driving sandbox calls while the sampler works.
 
 When to call: as soon as every episode that is not inside a tool call is waiting (nothing more can join), or
-`gather_s` after the first request, whichever comes first. Requests that arrive during a call form the next.
+`gather_s` after the oldest waiting request, whichever comes first; requests that waited through a call go
+in the next call at once.
 """
 
 from __future__ import annotations
@@ -86,20 +87,24 @@ class GenerationBatcher:
             self.close()
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+        carried: set[int] = set()
         while True:
             await wake.wait()
             wake.clear()
             self._pending = [r for r in self._pending if not r.future.done()]  # cancelled episodes
             if not self._pending:
                 continue
-            end = loop.time() + self.gather_s
-            while len(self._pending) < min(self._expected(), self.max_batch) and loop.time() < end:
+            end = min(r.at for r in self._pending) + self.gather_s
+            if any(id(r) in carried for r in self._pending):
+                end = 0.0  # requests that waited through a whole call go at once
+            while len(self._pending) < min(self._expected(), self.max_batch) and time.monotonic() < end:
                 self.stats["gather_waits"] += 1
-                await asyncio.sleep(min(0.002, max(0.0, end - loop.time())))
+                await asyncio.sleep(min(0.002, max(0.0, end - time.monotonic())))
             policy = self._pending[0].policy
             batch = [r for r in self._pending if r.policy is policy][:self.max_batch]
             taken = set(map(id, batch))
             self._pending = [r for r in self._pending if id(r) not in taken]
+            carried = set(map(id, self._pending))
             if self._pending:
                 wake.set()
             await self._call(loop, policy, batch)

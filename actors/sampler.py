@@ -177,7 +177,7 @@ def _prefill(params: dict, tokens: jax.Array, lengths: jax.Array, *, config: Mod
     """tokens `[B, P]` right-padded, lengths `[B]` -> (per-layer (k, v) `[B, K, P, Dh]`, last logits `[B, V]`)."""
     b, p = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (b, p))
-    x = jnp.take(params["embed"], tokens, axis=0)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(config.residual_dtype)
     cos, sin = rope_cos_sin(config, positions)
     kv = []
     for layer in params["layers"]:
@@ -185,7 +185,7 @@ def _prefill(params: dict, tokens: jax.Array, lengths: jax.Array, *, config: Mod
         x = layer_out(config, layer, x, attend(config, q, k, v, None, lengths))
         kv.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
     last = x[jnp.arange(b), lengths - 1]
-    h = rms_norm(last, params["final_norm"], config.rms_norm_eps)
+    h = rms_norm(last, params["final_norm"], config.rms_norm_eps, config.jnp_dtype)
     logits = jnp.einsum("bd,vd->bv", h, _head(params), preferred_element_type=jnp.float32)
     return kv, logits
 
@@ -255,7 +255,7 @@ def _decode_chunk(params: dict, state: dict, sampling: dict, *, config: ModelCon
         rows = jnp.arange(b)
         active = ~s["done"]
         pos = s["lengths"]
-        x = jnp.take(params["embed"], s["last"], axis=0)[:, None, :]
+        x = jnp.take(params["embed"], s["last"], axis=0)[:, None, :].astype(config.residual_dtype)
         cos, sin = rope_cos_sin(config, pos[:, None])
         caches = []
         for layer, (ck, cv) in zip(params["layers"], s["caches"]):
@@ -265,7 +265,7 @@ def _decode_chunk(params: dict, state: dict, sampling: dict, *, config: ModelCon
             cv = cv.at[rows, :, write].set(v[:, 0])
             x = layer_out(config, layer, x, _decode_attend(q, ck, cv, pos + 1))
             caches.append((ck, cv))
-        h = rms_norm(x[:, 0], params["final_norm"], config.rms_norm_eps)
+        h = rms_norm(x[:, 0], params["final_norm"], config.rms_norm_eps, config.jnp_dtype)
         logits = jnp.einsum("bd,vd->bv", h, head, preferred_element_type=jnp.float32)
         key, sub = jax.random.split(s["key"])
         tok, lp = _sample(logits, sampling, sub, truncate)

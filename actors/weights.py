@@ -59,6 +59,32 @@ def model_from_tensors(config: Any, tensors: Mapping[str, np.ndarray]) -> Any:
     return nnx.merge(graphdef, nnx.from_flat_state(filled))
 
 
+def random_policy_tensors(config: Any, seed: int = 0, std: float | None = None) -> dict[str, np.ndarray]:
+    """Random weights for `config` in the naming of `policy_tensors`, drawn with NumPy (tests and benchmarks:
+    no JAX random-number compilation, which costs seconds per shape on a small CPU). Norm scales are 1, the
+    q/k/v biases 0, other matrices normal(0, std) (default config.init_std), in the parameter dtype."""
+    import ml_dtypes
+    from flax import nnx
+
+    from learner.model import Transformer
+
+    abstract = nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(ml_dtypes.bfloat16) if config.param_dtype == "bfloat16" else np.dtype(np.float32)
+    std = config.init_std if std is None else std
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+        name, shape = "/".join(map(str, path)), tuple(var.get_value().shape)
+        if str(path[-1]).endswith("norm"):
+            arr = np.ones(shape, np.float32)
+        elif path[-1] in ("bq", "bk", "bv"):
+            arr = np.zeros(shape, np.float32)
+        else:
+            arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        out[name] = arr.astype(dtype)
+    return out
+
+
 class PolicyVersions:
     """The policies (one per weights version) an actor holds, with how many episodes use each.
 

@@ -144,3 +144,121 @@ class ScriptedPolicy:
                 ids, reason = ids[:sp.max_new_tokens], FINISH_LENGTH
             out.append(Completion(ids, np.full(len(ids), -0.25, np.float32), reason))
         return out
+
+
+def stages_for_tests(**changes):
+    """Stages for the tests: `verify` runs with the node's own settings (a full evaluation) instead of the
+    default `profile: false`. Each distinct settings set costs the node a trusted worker whose first confined
+    candidate takes ~20 s to start on a 2-core machine; one set keeps the suite within its time budget."""
+    from actors.config import StagesConfig
+
+    return StagesConfig(**{"verify_settings": {}, "unavailable_after_s": 20.0, **changes})
+
+
+def slow_kernel(functions: int = 400) -> str:
+    """A correct cpu kernel file padded with many small functions, so that its -O3 build takes seconds (a job
+    that is surely in flight when a test kills its node)."""
+    parts = [KERNEL]
+    for i in range(functions):
+        parts.append(f"static float pad{i}(float x) {{ float s = x; for (int k = 0; k < {i % 5 + 2}; ++k) "
+                     f"s = sinf(s) * 1.0001f + {i}.5f; return s; }}")
+    parts.append('extern "C" void padding_sum(const float* x, float* out, long long n) { out[0] = '
+                 + " + ".join(f"pad{i}(x[0])" for i in range(functions)) + "; }")
+    return "\n".join(parts) + "\n"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NodeProcess:
+    """A sandbox node in its own process group (`python -m sandbox.service`, CPU backend, one worker), so a
+    test can SIGKILL it with its workers and start it again on the same port."""
+
+    def __init__(self, tmp, port: int | None = None, name: str = "node"):
+        from pathlib import Path
+
+        self.tmp = Path(tmp)
+        self.port = port or free_port()
+        self.name = name
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self) -> "NodeProcess":
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        repo = Path(__file__).resolve().parents[2]
+        ready = self.tmp / f"{self.name}-{self.port}.ready"
+        ready.unlink(missing_ok=True)
+        self.ready_file = ready
+        args = [sys.executable, "-m", "sandbox.service", f"endpoint={self.endpoint}", f"node_id={self.name}",
+                "workers=1", "build_workers=1", "metrics_port=-1", f"ready_file={ready}", "sandbox.backend=cpu",
+                "sandbox.use_compile=false", "sandbox.reps=5", "sandbox.num_trials=2",
+                f"sandbox.cache_dir={self.tmp / (self.name + '-cache')}", f"sandbox.work_root={self.tmp / 'work'}"]
+        env = dict(os.environ, PYTHONPATH=str(repo))
+        self.log = open(self.tmp / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(args, cwd=repo, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node {self.name} exited with {self.proc.returncode}; see {self.log.name}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.name} not ready in {timeout_s} s")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL the node and its worker processes (its own process group)."""
+        import os
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.log.close()
+
+    def stop(self) -> None:
+        import os
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except Exception:  # noqa: BLE001
+                self.kill()
+        if not self.log.closed:
+            self.log.close()
+
+
+class GatedPolicy(ScriptedPolicy):
+    """A scripted policy whose every call waits for a permit (`release(n)`), so a test decides when each
+    episode's turn happens."""
+
+    def __init__(self, tokenizer, scripts, version: int = 1, permits=None):
+        import threading
+
+        super().__init__(tokenizer, scripts, version)
+        self.permits = permits if permits is not None else threading.Semaphore(0)
+
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.permits.release()
+
+    def generate(self, prompts, settings):
+        for _ in prompts:
+            if not self.permits.acquire(timeout=120):
+                raise TimeoutError("gated policy: no permit within 120 s")
+        return super().generate(prompts, settings)

@@ -1,0 +1,164 @@
+"""Scripted-policy episodes through a real sandbox node on the CPU backend: rewards, statuses, observations,
+loss masks and token bookkeeping; single-turn mode, limits, and the "best workspace" reward option."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _helpers import (BROKEN_KERNEL, HOSTILE_KERNEL, KERNEL, MODEL_NEW, WRONG_KERNEL, ScriptedPolicy, call,
+                      make_task, stages_for_tests, write)
+from actors.actor import Actor, run_actor
+from actors.config import ActorConfig, AgentConfig
+from actors.sandbox_stages import SandboxStages
+from actors.weights import PolicyVersions
+from learner.chat import ChatFormat
+
+SOLUTION = write("kernels/chain.cpp", KERNEL) + "\n" + write("model_new.py", MODEL_NEW)
+
+SCRIPTS = {
+    "correct": ["I will fuse the chain into one pass.\n" + SOLUTION, call("compile"), call("verify"), call("profile"),
+                call("finish")],
+    "wrong": [write("kernels/chain.cpp", WRONG_KERNEL) + "\n" + write("model_new.py", MODEL_NEW) + "\n" + call("verify"),
+              call("finish")],
+    "malformed": ['<tool_call>\n{"name": "write_file", "arguments": {"path": "model_new.py",}}\n</tool_call>',
+                  call("run_shell", cmd="cat /etc/passwd"),
+                  write("model.py", "x") + "\n" + write("../../etc/cron.d/x", "y") + "\n" + write("kernels/a.py", "z"),
+                  "I think I am done.",
+                  write("kernels/chain.cpp", BROKEN_KERNEL) + "\n" + write("model_new.py", MODEL_NEW) + "\n"
+                  + call("compile"),
+                  SOLUTION + "\n" + call("finish")],
+    "hostile": [write("kernels/chain.cpp", HOSTILE_KERNEL) + "\n" + write("model_new.py", MODEL_NEW) + "\n"
+                + call("compile"), call("finish")],
+}
+
+
+class ListSink:
+    def __init__(self):
+        self.episodes = []
+
+    def put(self, episode):
+        self.episodes.append(episode)
+
+
+def run_episodes(tokenizer, client, scripts, names=None, concurrent=4, **agent):
+    policy = ScriptedPolicy(tokenizer, scripts)
+    agent = {"max_turns": 8, "max_context_tokens": 16000, "solution_format": "cpu", **agent}
+    cfg = ActorConfig(concurrent_episodes=concurrent, actor_id="test-actor", agent=AgentConfig(**agent))
+    sink = ListSink()
+    actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(client, stages_for_tests()), PolicyVersions(policy), sink,
+                  "cpu")
+    summary = run_actor(actor, [make_task(n) for n in (names or scripts)])
+    return {e.task.name: e for e in sink.episodes}, summary, policy
+
+
+def check_token_record(ep, chat):
+    """The trajectory's tokens decode to the rendered conversation; the loss mask is exactly the sampled tokens."""
+    tok = chat.tokenizer
+    assert tok.decode(ep.tokens.tolist()) == tok.decode(chat.render(ep.messages).ids.tolist())
+    assert chat.parse(ep.tokens.tolist()) == ep.messages
+    assistant = [m.content for m in ep.messages if m.role == "assistant"]
+    assert len(ep.turn_starts) == len(assistant) == ep.stats["turns"]
+    covered = np.zeros(len(ep.tokens), bool)
+    for start, content in zip(ep.turn_starts, assistant):
+        n = len(tok.encode(content)) + 1  # the scripted policy samples the text's tokens and <|im_end|>
+        assert tok.decode(ep.tokens[start:start + n].tolist()) == content + "<|im_end|>"
+        gen = chat.generation_prompt()
+        assert ep.tokens[start - len(gen):start].tolist() == gen
+        covered[start:start + n] = True
+    assert np.array_equal(ep.loss_mask.astype(bool), covered)
+    assert np.all(ep.logprobs[covered] == np.float32(-0.25)) and np.all(ep.logprobs[~covered] == 0)
+    traj = ep.trajectory("test-actor")
+    assert traj.loss_mask.dtype == np.uint8 and traj.turn_boundaries.tolist() == ep.turn_starts
+    assert traj.policy_version == 1 and traj.reward == ep.reward and traj.num_tokens == len(ep.tokens)
+
+
+def test_scripted_episodes_get_the_right_rewards_masks_and_observations(tokenizer, sandbox_client):
+    chat = ChatFormat(tokenizer)
+    eps, summary, policy = run_episodes(tokenizer, sandbox_client, SCRIPTS)
+    assert summary["episodes"] == 4 and summary["episode_crashes"] == 0
+    assert {n: e.status for n, e in eps.items()} == dict.fromkeys(SCRIPTS, "finished")
+    assert max(policy.calls) >= 2, "concurrent episodes were never batched into one sampler call"
+    assert summary["time"]["sampling_s"] > 0 and summary["time"]["sandbox_s"] > 0
+
+    good = eps["correct"]
+    assert good.final.status == "ok" and good.reward == good.final.timing.milestone >= 0
+    assert [t["tool"] for t in good.tool_log] == ["write_file", "write_file", "compile", "verify", "profile", "finish"]
+    obs = [m.content for m in good.messages if m.role == "tool"]
+    assert obs[2] == "compile: ok" and obs[3].startswith("verify: PASS: correct on 2 of 2 trials")
+    assert obs[4].startswith("profile: reward") and "speed-up vs eager" in obs[4] and "yours" in obs[4]
+
+    wrong = eps["wrong"]
+    assert wrong.reward == -1.0 and wrong.final.status == "incorrect"
+    verify = [m.content for m in wrong.messages if m.role == "tool"][-1]
+    assert verify.startswith("verify: INCORRECT") and "trial 0: FAIL (" in verify and "max abs err" in verify
+
+    bad = eps["malformed"]
+    assert bad.final.status == "ok" and bad.reward == bad.final.timing.milestone
+    assert (bad.stats["malformed_turns"], bad.stats["unknown_tools"], bad.stats["refused_writes"],
+            bad.stats["no_call_turns"]) == (1, 1, 3, 1)
+    texts = [m.content for m in bad.messages[2:] if m.role != "assistant"]
+    assert texts[0].startswith("error: malformed tool call: tool call 1: not valid JSON")
+    assert texts[1].startswith("error: unknown tool 'run_shell'")
+    assert "model.py is the reference and is read-only" in texts[2]
+    assert "'../../etc/cron.d/x' is outside the workspace" in texts[3] and "must end in one of" in texts[4]
+    assert texts[5].startswith("Your reply has no tool call")
+    assert texts[8].startswith("compile: COMPILE_ERROR") and "error:" in texts[8] and "flot" in texts[8]
+    assert bad.files == {"kernels/chain.cpp": KERNEL, "model_new.py": MODEL_NEW}
+
+    hostile = eps["hostile"]
+    assert hostile.reward == -1.0 and hostile.final.status == "forbidden"
+    assert "calls system" in [m.content for m in hostile.messages if m.role == "tool"][-1]
+
+    for ep in eps.values():
+        check_token_record(ep, chat)
+        assert ep.trainable and ep.reward_details()["status"] == ep.final.status
+
+
+def test_single_turn_and_the_episode_limits(tokenizer, sandbox_client):
+    chat = ChatFormat(tokenizer)
+    single, _, _ = run_episodes(tokenizer, sandbox_client, {"one shot": [SOLUTION]}, mode="single_turn")
+    ep = single["one shot"]
+    assert ep.status == "finished" and ep.stats["turns"] == 1 and ep.final.status == "ok"
+    offered = ep.messages[0].content
+    assert '"name": "write_file"' in offered and '"name": "compile"' not in offered  # only write_file is offered
+    check_token_record(ep, chat)
+
+    looping, _, _ = run_episodes(tokenizer, sandbox_client, {"looping": [call("list_files")]}, max_turns=3)
+    ep = looping["looping"]
+    assert ep.status == "max_turns" and ep.stats["turns"] == 3 and ep.reward == -1.0
+    assert ep.final.status == "compile_error" and "model_new.py" in ep.final.message  # empty workspace, still scored
+    check_token_record(ep, chat)
+
+    prompt_len = len(chat.render(run_prompt_messages(tokenizer), add_generation_prompt=True).ids)
+    long_reply = [SOLUTION + "\n" + call("finish")]
+    cut, _, _ = run_episodes(tokenizer, sandbox_client, {"long": long_reply}, max_context_tokens=prompt_len + 60,
+                             min_new_tokens_per_turn=16)
+    ep = cut["long"]
+    assert ep.status == "context_exhausted" and ep.stats["turns"] == 0 and not ep.loss_mask.any()
+    assert len(ep.tokens) == prompt_len - len(chat.generation_prompt())  # the unsampled generation prompt is dropped
+    assert ep.final is not None and ep.reward == -1.0
+
+    late, _, _ = run_episodes(tokenizer, sandbox_client, {"late": [call("list_files")]}, episode_time_s=1e-6)
+    assert late["late"].status == "time_limit" and late["late"].stats["turns"] == 0
+
+
+def run_prompt_messages(tokenizer):
+    from actors.skill import system_prompt, task_prompt
+    from learner.chat import Message
+
+    return [Message("system", system_prompt("cpu", "multi_turn", 8)), Message("user", task_prompt(make_task("long"), "cpu"))]
+
+
+@pytest.mark.parametrize("reward_from", ["final", "best"])
+def test_reward_from_the_final_or_the_best_workspace(tokenizer, sandbox_client, reward_from):
+    script = {"regress": [SOLUTION, call("profile"),
+                          write("kernels/chain.cpp", WRONG_KERNEL) + "\n" + call("finish")]}
+    eps, _, _ = run_episodes(tokenizer, sandbox_client, script, reward_from=reward_from)
+    ep = eps["regress"]
+    profiled = ep.tool_log[2]
+    assert profiled["tool"] == "profile" and profiled["ok"] and ep.final.status == "incorrect"
+    if reward_from == "final":
+        assert ep.reward == -1.0 and ep.reward_source == "final"
+    else:
+        assert ep.reward == profiled["reward"] >= 0 and ep.reward_source == "best (profile at turn 1)"

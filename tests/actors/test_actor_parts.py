@@ -1,0 +1,239 @@
+"""The actor's parts without a sandbox: workspace rules, observations, skill text, batching, time split,
+weight versions and the tensor naming of the weights channel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from _helpers import KERNEL, MODEL_NEW, ScriptedPolicy, make_task, write
+from actors.activity import ActivityClock
+from actors.batcher import GenerationBatcher
+from actors.observations import compile_observation, first_errors, profile_observation, verify_observation
+from actors.sampler import SamplingParams
+from actors.skill import system_prompt, task_prompt, tool_schemas
+from actors.weights import PolicyVersions
+from actors.workspace import AgentWorkspace, WorkspaceRuleError
+from learner.chat import parse_tool_calls
+from sandbox.result import Distribution, EvalResult, SpeedUp, TimingStats, TrialResult, Violation
+
+
+# ------------------------------------------------------------------------------------------ workspace
+@pytest.mark.parametrize("path, why", [
+    ("model.py", "read-only"), ("../model_new.py", "outside the workspace"), ("/etc/passwd", "outside"),
+    ("kernels/../model.py", "outside"), ("kernels/sub/k.cpp", "cannot be written"), ("setup.py", "cannot be written"),
+    ("kernels/k.py", "must end in"), ("kernels/k.cu", "must end in"), ("kernels/.hidden.cpp", "letters, digits"),
+    ("kernels\\k.cpp", "outside"), ("", "non-empty"), (7, "non-empty"),
+])
+def test_workspace_refuses_writes_outside_kernels_and_model_new(path, why):
+    ws = AgentWorkspace("ref", "cpu")
+    with pytest.raises(WorkspaceRuleError, match=why):
+        ws.write(path, "x")
+    assert ws.files == {}
+
+
+def test_workspace_writes_reads_lists_and_bounds():
+    ws = AgentWorkspace("REFERENCE TEXT", "cubin")
+    assert ws.write("model_new.py", MODEL_NEW).startswith("created model_new.py")
+    assert ws.write("kernels/k.cu", "a\nb").startswith("created kernels/k.cu (2 lines")
+    assert ws.write("kernels/k.cu", "c\n").startswith("replaced")
+    assert ws.read("model.py", 100) == "REFERENCE TEXT" and ws.read("kernels/k.cu", 100) == "c\n"
+    assert "more characters not shown" in ws.read("model_new.py", 10)
+    with pytest.raises(WorkspaceRuleError, match="no file 'nope.cu'.*model.py, kernels/k.cu, model_new.py"):
+        ws.read("nope.cu", 100)
+    listing = ws.listing()
+    assert "model.py" in listing and "kernels/k.cu (2 bytes)" in listing and "model_new.py" in listing
+    with pytest.raises(WorkspaceRuleError, match="over the limit"):
+        ws.write("kernels/big.cu", "x" * (256 * 1024 + 1))
+    with pytest.raises(WorkspaceRuleError, match="must be a string"):
+        ws.write("kernels/a.cu", 3)
+    for i in range(30):
+        ws.write(f"kernels/k{i}.cuh", "")
+    with pytest.raises(WorkspaceRuleError, match="already holds 32 files"):
+        ws.write("kernels/one_more.cuh", "")
+    assert ws.snapshot() == ws.files and ws.snapshot() is not ws.files
+
+
+# ------------------------------------------------------------------------------------------ observations
+def _timing(milestone=1):
+    d = lambda m: Distribution(median_ms=m, iqr_ms=m / 10, min_ms=m, mean_ms=m, reps=5)  # noqa: E731
+    return TimingStats(device="cpu", calls_per_rep=3, warmup_calls=2, eager=d(2.0), compiled=d(1.0), candidate=d(0.5),
+                       speedup_eager=SpeedUp(4.0, 3.5, 4.5, 0.9), speedup_compile=SpeedUp(2.0, 1.8, 2.2, 0.9),
+                       milestone=milestone, milestone_reason="at least 5% faster than eager and torch.compile")
+
+
+def test_compile_observation_keeps_the_first_errors():
+    log = "\n".join(["kernels/k.cu: In function 'f':"] + [f"kernels/k.cu:{i}:1: error: bad thing {i}" for i in range(40)])
+    res = EvalResult.failure("compile_error", "build failed: ...", compile_log=log)
+    text = compile_observation(res, error_lines=5)
+    assert text.startswith("compile: COMPILE_ERROR") and "In function 'f'" in text and "bad thing 3" in text
+    assert "bad thing 4" not in text and "[36 more lines; 40 error line(s) in all]" in text
+    assert first_errors("warning: w\nnote: n\nx.c:1: error: e", 2) == "x.c:1: error: e"
+    ok = EvalResult(status="ok", reward=0.0, build_cached=True)
+    assert compile_observation(ok) == "compile: ok (unchanged sources: cached build)"
+    forbidden = EvalResult.failure("forbidden", "built library: calls system",
+                                   violations=[Violation("symbol", "the built library calls system")])
+    assert "- symbol: the built library calls system" in compile_observation(forbidden)
+
+
+def test_verify_observation_per_trial_with_largest_error():
+    trials = [TrialResult(0, True, 1e-7, 2e-6, 0, 100), TrialResult(1, False, 3.5, 0.9, 12, 100, "outside tolerance")]
+    text = verify_observation(EvalResult.failure("incorrect", "trial 1: 12 of 100 elements outside", trials=trials))
+    assert text.splitlines()[1:] == ["trial 0: pass (max abs err 1e-07, max rel err 2e-06)",
+                                     "trial 1: FAIL (12 of 100 elements outside tolerance, max abs err 3.5, "
+                                     "max rel err 0.9)"]
+    good = EvalResult(status="ok", reward=0.0, trials=trials[:1] * 2)
+    assert verify_observation(good).startswith("verify: PASS: correct on 2 of 2 trials (largest abs error 1e-07)")
+    crashed = EvalResult.failure("runtime_error", "trial 0: the candidate worker crashed (SIGSEGV)")
+    assert verify_observation(crashed) == "verify: RUNTIME_ERROR: trial 0: the candidate worker crashed (SIGSEGV)"
+
+
+def test_profile_observation_is_a_small_table():
+    text = profile_observation(EvalResult(status="ok", reward=3.0, timing=_timing(3)))
+    lines = text.splitlines()
+    assert lines[0] == "profile: reward 3: at least 5% faster than eager and torch.compile"
+    assert [ln.split()[0] for ln in lines[2:5]] == ["eager", "torch.compile", "yours"]
+    assert "speed-up vs eager: 4x [3.5, 4.5] (90% interval)" in text and "vs torch.compile: 2x [1.8, 2.2]" in text
+    long = profile_observation(EvalResult(status="ok", reward=3.0, timing=_timing(3)), max_chars=80)
+    assert len(long) <= 80 and long.endswith("not shown]")
+
+
+# ------------------------------------------------------------------------------------------ skill text
+@pytest.mark.parametrize("fmt, marker", [("cpu", "extern \"C\" void"), ("cubin", "__global__"),
+                                         ("extension", "PYBIND11_MODULE")])
+def test_system_prompt_names_layout_rules_tools_format_and_goal(fmt, marker):
+    text = system_prompt(fmt, "multi_turn", 12)
+    for needle in ("model_new.py", "kernels/", "Read-only", "no fallbacks", "5% faster", "torch.compile", marker,
+                   "at most 12 replies", "<tool_call>", "</tool_call>"):
+        assert needle in text, needle
+    for tool in tool_schemas(fmt):
+        assert f'"name": "{tool}"' in text
+    single = system_prompt(fmt, "single_turn")
+    assert '"name": "write_file"' in single and '"name": "compile"' not in single and "one reply" in single
+    with pytest.raises(ValueError, match="unknown solution format"):
+        system_prompt("ptx")
+
+
+def test_task_prompt_and_scripted_calls_parse_with_the_one_syntax():
+    task = make_task("chain", "t1")
+    assert task.reference.strip() in task_prompt(task, "cpu") and task_prompt(task, "cpu").startswith("Task t1: chain")
+    calls = parse_tool_calls("thinking...\n" + write("kernels/k.cpp", KERNEL))
+    assert calls[0].name == "write_file" and calls[0].arguments["content"] == KERNEL
+
+
+# ------------------------------------------------------------------------------------------ batching
+class _SlowPolicy(ScriptedPolicy):
+    def generate(self, prompts, settings):
+        time.sleep(0.05)
+        return super().generate(prompts, settings)
+
+
+def test_batcher_batches_waiting_episodes_and_separates_versions(tokenizer):
+    from learner.chat import ChatFormat, Message
+
+    chat = ChatFormat(tokenizer)
+    v1 = _SlowPolicy(tokenizer, {"a": ["one"]}, version=1)
+    v2 = _SlowPolicy(tokenizer, {"a": ["two"]}, version=2)
+    prompt = chat.render([Message("user", "Task t: a (solution format: cpu)")], add_generation_prompt=True).ids.tolist()
+    clock = ActivityClock()
+
+    async def main():
+        b = GenerationBatcher(max_batch=4, gather_s=0.5, clock=clock)
+        b.reset()
+        b.episodes = 7
+        runner = asyncio.create_task(b.run())
+        sp = SamplingParams(max_new_tokens=8)
+        jobs = [b.generate(v1, prompt, sp) for _ in range(5)] + [b.generate(v2, prompt, sp) for _ in range(2)]
+        outs = await asyncio.gather(*jobs)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        return outs, b.stats
+
+    outs, stats = asyncio.run(main())
+    # all 7 waiting: no gather wait; then the rest (they waited through a call) at once; v1 in batches of at
+    # most 4, v2 on its own
+    assert stats["gather_waits"] == 0
+    assert sorted(v1.calls) == [1, 4] and v2.calls == [2] and stats["sequences"] == 7
+    assert [tokenizer.decode(o.tokens[:-1]) for o in outs] == ["one"] * 5 + ["two"] * 2
+    snap = clock.snapshot()
+    assert 0.14 <= snap["sampling_s"] <= snap["wall_s"] and snap["sandbox_s"] == 0.0
+
+
+def test_batcher_gives_every_episode_of_a_failed_call_the_error(tokenizer):
+    class Broken:
+        version, name = 1, "broken"
+
+        def generate(self, prompts, settings):
+            raise RuntimeError("device lost")
+
+    async def main():
+        b = GenerationBatcher(max_batch=8, gather_s=0.01)
+        b.reset()
+        b.episodes = 2
+        runner = asyncio.create_task(b.run())
+        res = await asyncio.gather(*[b.generate(Broken(), [1], SamplingParams()) for _ in range(2)],
+                                   return_exceptions=True)
+        runner.cancel()
+        return res
+
+    assert [str(r) for r in asyncio.run(main())] == ["device lost", "device lost"]
+
+
+def test_activity_clock_splits_time():
+    clock = ActivityClock()
+    clock.start("sandbox")
+    time.sleep(0.05)
+    with clock.busy("sampling"):
+        time.sleep(0.05)
+    clock.stop("sandbox")
+    time.sleep(0.05)
+    s = clock.snapshot()
+    assert s["sandbox_s"] == pytest.approx(0.10, abs=0.03) and s["sampling_s"] == pytest.approx(0.05, abs=0.03)
+    assert s["both_s"] == pytest.approx(0.05, abs=0.03) and s["idle_s"] == pytest.approx(0.05, abs=0.03)
+
+
+# ------------------------------------------------------------------------------------------ weights
+def test_policy_versions_keep_an_old_version_while_an_episode_uses_it():
+    class P:
+        def __init__(self, v):
+            self.version = v
+
+    versions = PolicyVersions()
+    with pytest.raises(RuntimeError, match="no policy yet"):
+        versions.acquire()
+    p1, p2, p3 = P(1), P(2), P(3)
+    versions.set(p1)
+    a = versions.acquire()
+    versions.set(p2)
+    assert a is p1 and versions.held_versions() == [1, 2]
+    b = versions.acquire()
+    assert b is p2
+    versions.release(a)
+    assert versions.held_versions() == [2]
+    versions.set(p3)
+    assert versions.held_versions() == [2, 3]
+    versions.release(b)
+    assert versions.held_versions() == [3] and versions.swaps == 2
+
+
+def test_weights_naming_round_trip_and_errors():
+    from actors.weights import model_from_tensors, policy_tensors, random_policy_tensors
+    from learner.model import ModelConfig
+
+    cfg = ModelConfig.tiny()
+    tensors = random_policy_tensors(cfg, seed=3)
+    assert "backbone/layers/wq" in tensors and "lm_head" in tensors
+    assert np.all(tensors["backbone/final_norm"] == 1) and np.all(tensors["backbone/layers/bq"] == 0)
+    back = policy_tensors(model_from_tensors(cfg, tensors))
+    assert back.keys() == tensors.keys() and all(np.array_equal(back[k], tensors[k]) for k in tensors)
+    bf16 = random_policy_tensors(cfg.replace(param_dtype="bfloat16"), seed=3)
+    assert str(bf16["lm_head"].dtype) == "bfloat16"
+    assert str(policy_tensors(model_from_tensors(cfg.replace(param_dtype="bfloat16"), bf16))["lm_head"].dtype) == \
+        "bfloat16"
+    with pytest.raises(ValueError, match="'lm_head' is missing"):
+        model_from_tensors(cfg, {k: v for k, v in tensors.items() if k != "lm_head"})
+    with pytest.raises(ValueError, match="shape"):
+        model_from_tensors(cfg.replace(hidden_size=32), tensors)
