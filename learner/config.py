@@ -62,6 +62,9 @@ class PPOConfig:
     """Sequences (rows) per optimiser step."""
     microbatch_size: int = 8
     """Sequences per forward/backward pass; minibatch_size / microbatch_size gradients are accumulated."""
+    logits_chunk_size: int = 1024
+    """Compute setting: logprobs and entropies are taken this many positions at a time from the final hidden
+    states (recomputed in the backward pass), so `[b, T, V]` logits never exist at once; 0 = all at once."""
 
     def __post_init__(self):
         _check(0 < self.clip_eps < 1, f"clip_eps must be in (0, 1), got {self.clip_eps}")
@@ -81,6 +84,7 @@ class PPOConfig:
         _check(self.max_policy_lag >= 0, f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
         _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
         _check(self.minibatch_size >= 1 and self.microbatch_size >= 1, "minibatch_size and microbatch_size must be >= 1")
+        _check(self.logits_chunk_size >= 0, f"logits_chunk_size must be >= 0, got {self.logits_chunk_size}")
         _check(
             self.minibatch_size % self.microbatch_size == 0,
             f"minibatch_size ({self.minibatch_size}) must be a multiple of microbatch_size ({self.microbatch_size})",

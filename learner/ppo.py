@@ -116,6 +116,25 @@ def shift_right(x: Array, fill=0) -> Array:
     return jnp.concatenate([pad, x[:, :-1]], axis=1)
 
 
+def next_token_logprobs_and_entropy(logits: Array, next_tokens: Array, temperature: float = 1.0) -> tuple[Array, Array]:
+    """Per position t: log pi(next_tokens[t] | logits[t]) and the entropy of that distribution.
+
+    logits `[..., V]` (any float dtype; float32 math), next_tokens `[...]` int32 -> two `[...]` f32 arrays.
+    Same formula as `learner.model.token_logprobs` (picked logit - logsumexp of the tempered logits), so the
+    learner's numbers match the sampler's behaviour logprobs for the same weights.
+    """
+    z = logits.astype(jnp.float32) / temperature
+    lse = jax.nn.logsumexp(z, axis=-1)
+    picked = jnp.take_along_axis(z, next_tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+    return picked - lse, ent
+
+
+def next_tokens(tokens: Array) -> Array:
+    """`out[:, t] = tokens[:, t + 1]` (the last position wraps around; its outputs are discarded by `shift_right`)."""
+    return jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)
+
+
 def token_logprobs_and_entropy(logits: Array, tokens: Array, temperature: float = 1.0) -> tuple[Array, Array]:
     """Logprob of each token under the policy and the entropy of the distribution it was drawn from.
 
@@ -127,11 +146,7 @@ def token_logprobs_and_entropy(logits: Array, tokens: Array, temperature: float 
       logprobs `[B, T]` f32 with `logprobs[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]]`,
       entropy `[B, T]` f32 of that same distribution; both 0 at t = 0.
     """
-    z = logits.astype(jnp.float32) / temperature
-    logp_all = jax.nn.log_softmax(z, axis=-1)
-    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # next token at each position
-    lp = jnp.take_along_axis(logp_all, nxt[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    lp, ent = next_token_logprobs_and_entropy(logits, next_tokens(tokens), temperature)
     return shift_right(lp), shift_right(ent)
 
 

@@ -166,10 +166,43 @@ def create_train_state(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _policy_forward(graphdef, params, rest, seq: SequenceBatch, temperature: float):
+def token_stats(model: nnx.Module, seq: SequenceBatch, temperature: float, chunk: int = 0) -> tuple[Array, Array, Array]:
+    """Token-aligned logprobs, entropies and top-1 hits (1 where the token is the argmax) `[b, T]` f32 of
+    `model` on `seq` (`[b, T]`); all 0 at t = 0.
+
+    When the model exposes `hidden_states` and `logits` (learner.model.Transformer) and `0 < chunk < T`, the
+    output head runs `chunk` positions at a time under `jax.checkpoint`: `[b, T, V]` logits are never held
+    at once (at T = 8192 and V = 151,936 they are 5 GB per sequence in float32). Otherwise one full call.
+    """
+    t = seq.tokens.shape[1]
+    nxt = ppo.next_tokens(seq.tokens)
+
+    def stats(logits, y):
+        lp, ent = ppo.next_token_logprobs_and_entropy(logits, y, temperature)
+        return lp, ent, (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)
+
+    if not (chunk and chunk < t and hasattr(model, "hidden_states") and hasattr(model, "logits")):
+        out = stats(model(seq.tokens, seq.positions, seq.segment_ids), nxt)
+        return tuple(ppo.shift_right(x) for x in out)
+    hidden = model.hidden_states(seq.tokens, seq.positions, seq.segment_ids)
+    b = hidden.shape[0]
+    pad = (-t) % chunk
+    n = (t + pad) // chunk
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
+    y = jnp.pad(nxt, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(hc, yc):
+        return stats(model.logits(hc), yc)
+
+    out = jax.lax.map(lambda xs: one(*xs), (h, y))
+    return tuple(ppo.shift_right(x.swapaxes(0, 1).reshape(b, t + pad)[:, :t]) for x in out)
+
+
+def _policy_forward(graphdef, params, rest, seq: SequenceBatch, cfg: PPOConfig):
     model = nnx.merge(graphdef, params, rest)
-    logits = model(seq.tokens, seq.positions, seq.segment_ids)
-    return ppo.token_logprobs_and_entropy(logits, seq.tokens, temperature)
+    lp, ent, _ = token_stats(model, seq, cfg.temperature, cfg.logits_chunk_size)
+    return lp, ent
 
 
 def _critic_forward(graphdef, params, rest, seq: SequenceBatch):
@@ -181,7 +214,7 @@ def _critic_forward(graphdef, params, rest, seq: SequenceBatch):
 def policy_logprobs(state: TrainState, seq: SequenceBatch) -> tuple[Array, Array]:
     """Token logprobs and entropies `[M, b, T]` f32 of the policy on `seq` (`[M, b, T]`), one microbatch at a
     time (the same computation as inside `policy_train_step`). Used for proximal and reference logprobs."""
-    return jax.lax.map(lambda s: _policy_forward(state.graphdef, state.params, state.rest, s, state.ppo.temperature), seq)
+    return jax.lax.map(lambda s: _policy_forward(state.graphdef, state.params, state.rest, s, state.ppo), seq)
 
 
 @jax.jit
@@ -233,7 +266,7 @@ def policy_train_step(state: TrainState, batch: PolicyBatch) -> tuple[TrainState
     use_kl = cfg.kl_coef > 0 and batch.ref_logprobs is not None
 
     def loss_fn(params, mb: PolicyBatch):
-        logp, ent = _policy_forward(state.graphdef, params, state.rest, mb.seq, cfg.temperature)
+        logp, ent = _policy_forward(state.graphdef, params, state.rest, mb.seq, cfg)
         m = mb.seq.loss_mask
         if cfg.entropy_coef == 0:
             ent = jax.lax.stop_gradient(ent)
@@ -307,9 +340,7 @@ def sft_train_step(state: TrainState, batch: SequenceBatch) -> tuple[TrainState,
 
     def loss_fn(params, seq: SequenceBatch):
         model = nnx.merge(state.graphdef, params, state.rest)
-        logits = model(seq.tokens, seq.positions, seq.segment_ids)
-        logp, _ = ppo.token_logprobs_and_entropy(logits, seq.tokens, 1.0)
-        correct = ppo.shift_right((jnp.argmax(logits, -1) == jnp.roll(seq.tokens, -1, axis=1)).astype(jnp.float32))
+        logp, _, correct = token_stats(model, seq, 1.0, state.ppo.logits_chunk_size)
         nll = -ppo.masked_sum(logp, seq.loss_mask)
         return nll / denom, {"nll": nll, "accuracy": ppo.masked_sum(correct, seq.loss_mask)}
 

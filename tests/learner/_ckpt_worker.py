@@ -19,15 +19,16 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _rollouts import rollout_for  # noqa: E402
-from _tiny_models import TinyConfig, TinyCritic, TinyLM  # noqa: E402
+from _tiny_models import TINY  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from learner import sharding  # noqa: E402
 from learner import train_step as ts  # noqa: E402
 from learner.checkpoint import LearnerCheckpointer, LearnerMeta, restore_target  # noqa: E402
 from learner.config import MeshConfig, OptimizerConfig, PPOConfig  # noqa: E402
+from learner.model import Critic, Transformer  # noqa: E402
 
-CFG = TinyConfig(embed=32, heads=4, mlp=64, layers=2)
+CFG = TINY.replace(num_layers=2, num_heads=4, num_kv_heads=2)
 PPO = PPOConfig(minibatch_size=8, microbatch_size=4, epochs=1)
 OPT_P = OptimizerConfig(lr=1e-2, warmup_steps=1, decay_steps=10)
 OPT_C = OptimizerConfig(lr=1e-2, warmup_steps=1, decay_steps=10)
@@ -48,10 +49,10 @@ def main():
     mesh = sharding.make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor))
     ndev = len(jax.devices())
     ckpt = LearnerCheckpointer(os.path.join(d, "ckpt"), max_to_keep=2)
-    data_policy = ts.create_train_state(sharding.init_sharded(lambda: TinyLM(CFG, nnx.Rngs(7)), mesh), OPT_P, PPO, mesh)
+    data_policy = ts.create_train_state(sharding.init_sharded(lambda: Transformer(CFG, nnx.Rngs(7)), mesh), OPT_P, PPO, mesh)
     if mode == "save":
-        policy = ts.create_train_state(sharding.init_sharded(lambda: TinyLM(CFG, nnx.Rngs(0)), mesh), OPT_P, PPO, mesh)
-        critic = ts.create_train_state(sharding.init_sharded(lambda: TinyCritic(CFG, nnx.Rngs(1)), mesh), OPT_C, PPO, mesh)
+        policy = ts.create_train_state(sharding.init_sharded(lambda: Transformer(CFG, nnx.Rngs(0)), mesh), OPT_P, PPO, mesh)
+        critic = ts.create_train_state(sharding.init_sharded(lambda: Critic(CFG, nnx.Rngs(1)), mesh), OPT_C, PPO, mesh)
         key = jax.random.key(42)
         for i in range(1):
             key, sub = jax.random.split(key)
@@ -63,8 +64,8 @@ def main():
         np.savez(os.path.join(d, "params.npz"), **flat({"p": policy.params, "o": policy.opt_state, "c": critic.params}))
         spec = sharding.describe(policy.params)
     else:
-        p_t = restore_target(lambda: TinyLM(CFG, nnx.Rngs(0)), OPT_P, PPO, mesh)
-        c_t = restore_target(lambda: TinyCritic(CFG, nnx.Rngs(0)), OPT_C, PPO, mesh)
+        p_t = restore_target(lambda: Transformer(CFG, nnx.Rngs(0)), OPT_P, PPO, mesh)
+        c_t = restore_target(lambda: Critic(CFG, nnx.Rngs(0)), OPT_C, PPO, mesh)
         policy, critic, _, meta = ckpt.restore(policy=p_t, critic=c_t)
         assert meta.update == 1 and meta.policy_version == 1 and meta.data_position == {"spool_offset": 32}
         key = meta.key()

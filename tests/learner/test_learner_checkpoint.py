@@ -15,8 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _rollouts import rollout_for  # noqa: E402
-from _tiny_models import TinyConfig, TinyCritic, TinyLM, make_critic, make_policy  # noqa: E402
-from flax import nnx  # noqa: E402
+from _tiny_models import make_critic, make_policy  # noqa: E402
 
 from learner import sharding  # noqa: E402
 from learner import train_step as ts  # noqa: E402
@@ -66,8 +65,8 @@ def test_resume_gives_identical_next_step_metrics(tmp_path):
     assert _no_timing(got) == _no_timing(want)
 
     # ... and into abstract targets (no memory allocated before the restore)
-    pt = restore_target(lambda: TinyLM(TinyConfig(), nnx.Rngs(0)), OPT, PPO, mesh)
-    ct = restore_target(lambda: TinyCritic(TinyConfig(), nnx.Rngs(0)), OPT, PPO, mesh)
+    pt = restore_target(lambda: make_policy(seed=0), OPT, PPO, mesh)
+    ct = restore_target(lambda: make_critic(seed=0), OPT, PPO, mesh)
     assert isinstance(jax.tree.leaves(pt.params)[0], jax.ShapeDtypeStruct)
     p, c, _, _ = ck2.restore(policy=pt, critic=ct)
     _, _, got2 = ts.ppo_update(p, c, data[2], sub_b, mesh=mesh)
@@ -108,7 +107,8 @@ def _worker(mode: str, d: Path, ndev: int, mesh: tuple[int, int, int]) -> dict:
 @pytest.mark.slow
 def test_checkpoint_from_8_devices_restores_onto_1_and_4(tmp_path):
     saved = _worker("save", tmp_path, 8, (2, 2, 2))
-    assert "fsdp" in saved["spec"]["['head']['kernel'].value"]
+    spec = saved["spec"]["['backbone']['layers']['w_up'].value"]  # [L, D, F]: (None, embed, mlp)
+    assert spec.endswith("(None, 'fsdp', 'tensor')"), spec
     for ndev, mesh in ((1, (1, 1, 1)), (4, (1, 2, 2))):
         got = _worker("restore", tmp_path, ndev, mesh)  # parameters are checked bit for bit inside the worker
         for k, v in saved["metrics"].items():
