@@ -307,7 +307,7 @@ def train(b: Bench, shape: str, batch: int, seq: int, reps: int) -> None:
         "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
 
 
-def _peaked_05b(b: Bench):
+def _peaked_05b(b: Bench, residual_float32: bool = True):
     """The 0.5B shape in bf16 with a rescaled embedding (std 0.12, logits std ~3.6) so that the sampled
     distributions are peaked like a trained model's rather than near-uniform."""
     import jax
@@ -317,7 +317,7 @@ def _peaked_05b(b: Bench):
     from learner.model import ModelConfig
 
     cfg = ModelConfig(**SHAPES["0.5B"], param_dtype="bfloat16", dtype="bfloat16",
-                      attention_impl=b.attention or "xla")
+                      attention_impl=b.attention or "xla", residual_float32=residual_float32)
     graphdef, state = _init_state(cfg)
     model = nnx.merge(graphdef, state)
     emb = model.backbone.embed[...]
@@ -362,54 +362,71 @@ def decode(b: Bench, shape: str, batches: list, prompt: int, new_tokens: int, mo
                      "prefill_s": st["prefill_s"], "first_call_s": first, "roofline_tok_s": roofline,
                      "fraction_of_roofline": tok_s / roofline, "bytes_per_step": step_bytes,
                      "cache_len": st["cache_len"], "generated": st["generated_tokens"]})
-        if shape == "0.5B" and batch == 64:
-            b._mismatch_inputs = (sampler, prompts, outs)
     b.results["sections"][f"decode_{shape}"] = {"prompt": prompt, "new_tokens": new_tokens, "rows": rows}
 
 
 def mismatch(b: Bench) -> None:
+    """Sampler (bf16, batch 64, prompt 256, temperature 1) against the learner's full forward on the same
+    parameters, in bf16 (same config) and in fp32 (parameters upcast, fp32 compute, XLA attention, highest
+    matmul precision); for the residual stream in float32 (the default) and in bf16."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
+    from actors.sampler import Sampler, SamplerConfig, SamplingParams
     from learner.model import Transformer, token_logprobs
 
-    sampler, prompts, outs = b._mismatch_inputs
-    model = b._peaked_model
-    seqs = np.asarray([p + o.tokens for p, o in zip(prompts, outs)], np.int32)
-    sampled = np.stack([o.logprobs for o in outs])
-    n_prompt = len(prompts[0])
-    graphdef, state = nnx.split(model)
-    f32_cfg = model.config.replace(param_dtype="float32", dtype="float32", attention_impl="xla")
-    f32_graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(f32_cfg, nnx.Rngs(0))))
-    f32_state = jax.tree.map(lambda x: x.astype(jnp.float32), state)
+    s = SHAPES["0.5B"]
+    n_prompt = SIZES["prompt"]
+    prompts = np.random.default_rng(64).integers(0, s["vocab_size"], (64, n_prompt)).tolist()
 
     def lp_fn(gd):
         @jax.jit
         def f(st, tokens):
             m = nnx.merge(gd, st)
-            pos = jnp.broadcast_to(jnp.arange(tokens.shape[1] - 1, dtype=jnp.int32)[None], (tokens.shape[0], tokens.shape[1] - 1))
-            return token_logprobs(m(tokens[:, :-1], pos), tokens[:, 1:], 1.0)[:, n_prompt - 1:]
+            inputs = tokens[:, :-1]
+            pos = jnp.broadcast_to(jnp.arange(inputs.shape[1], dtype=jnp.int32)[None], inputs.shape)
+            return token_logprobs(m(inputs, pos), tokens[:, 1:], 1.0)[:, n_prompt - 1:]
         return f
 
+    def stats(a, ref):
+        d = np.abs(a - ref)
+        return {"mean_abs": float(d.mean()), "p50_abs": float(np.percentile(d, 50)),
+                "p99_abs": float(np.percentile(d, 99)), "max_abs": float(d.max())}
+
     res = {}
-    for name, gd, st, prec in (("bf16_learner", graphdef, state, "default"),
-                               ("fp32_learner", f32_graphdef, f32_state, "highest")):
-        f = lp_fn(gd)
-        parts = []
-        with jax.default_matmul_precision(prec):
-            for i in range(0, len(seqs), 16):
-                parts.append(np.asarray(f(st, jnp.asarray(seqs[i:i + 16]))))
-        learner = np.concatenate(parts)
-        diff = np.abs(learner - sampled)
-        res[name] = {"mean_abs": float(diff.mean()), "p50_abs": float(np.percentile(diff, 50)),
-                     "p99_abs": float(np.percentile(diff, 99)), "max_abs": float(diff.max()),
-                     "mean_nll": float(-learner.mean())}
-        if name == "fp32_learner":
-            res["sampler_mean_nll"] = float(-sampled.mean())
-    res["tokens"] = int(sampled.size)
-    b.results["sections"]["mismatch"] = res
+    f32_fn = None
+    for residual_float32 in (True, False):
+        if b.left() < 25:
+            break
+        model = _peaked_05b(b, residual_float32)
+        sampler = Sampler(model, SamplerConfig(decode_chunk_steps=16))
+        outs = sampler.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=SIZES["new_tokens"]), seed=1)
+        seqs = np.asarray([p + o.tokens for p, o in zip(prompts, outs)], np.int32)
+        sampled = np.stack([o.logprobs for o in outs])
+        del sampler
+        graphdef, state = nnx.split(model)
+        f32_cfg = model.config.replace(param_dtype="float32", dtype="float32", attention_impl="xla")
+        f32_graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(f32_cfg, nnx.Rngs(0))))
+        f32_state = jax.tree.map(lambda x: x.astype(jnp.float32), state)
+        bf16_fn = lp_fn(graphdef)
+        f32_fn = f32_fn or lp_fn(f32_graphdef)
+        learner16, learner32 = [], []
+        for i in range(0, len(seqs), 16):
+            chunk = jnp.asarray(seqs[i:i + 16])
+            learner16.append(np.asarray(bf16_fn(state, chunk)))
+            with jax.default_matmul_precision("highest"):
+                learner32.append(np.asarray(f32_fn(f32_state, chunk)))
+        learner16, learner32 = np.concatenate(learner16), np.concatenate(learner32)
+        key = "residual_fp32" if residual_float32 else "residual_bf16"
+        res[key] = {"sampler_vs_bf16_learner": stats(sampled, learner16),
+                    "sampler_vs_fp32_learner": stats(sampled, learner32),
+                    "bf16_learner_vs_fp32_learner": stats(learner16, learner32),
+                    "mean_nll_fp32": float(-learner32.mean()), "tokens": int(sampled.size)}
+        b.results["sections"]["mismatch"] = res
+        b.save()
+        del model, state, f32_state
 
 
 def long_context(b: Bench) -> None:
@@ -434,7 +451,8 @@ def long_context(b: Bench) -> None:
     rec["prefill_decode_b8"] = {"prompt": SIZES["long_prompt"], "new_tokens": SIZES["long_new"], "wall_s": time.perf_counter() - t,
                                 "prefill_s_incl_compile": st["prefill_s"], "decode_s_incl_compile": st["decode_s"],
                                 "generated": sum(len(o.tokens) for o in outs), "cache_len": st["cache_len"],
-                                "attention": impl}
+                                "attention": impl,
+                                "process_peak_bytes_in_use": (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")}
     del sampler
     b.results["sections"]["long"] = rec
     b.save()
@@ -446,14 +464,21 @@ def long_context(b: Bench) -> None:
     step = _train_step(graphdef, chunked=SIZES["logits_chunk"])
     tokens = jax.numpy.asarray(np.random.default_rng(4).integers(0, s["vocab_size"], (1, seq + 1), np.int32))
     t = time.perf_counter()
-    jax.block_until_ready(step(state, tokens))
+    compiled = step.lower(state, tokens).compile()
+    try:
+        ma = compiled.memory_analysis()
+        mem = {k: getattr(ma, k, None) for k in ("temp_size_in_bytes", "argument_size_in_bytes",
+                                                  "output_size_in_bytes", "generated_code_size_in_bytes")}
+    except Exception as e:  # not every backend reports it
+        mem = {"error": str(e)}
+    jax.block_until_ready(compiled(state, tokens))
     first = time.perf_counter() - t
-    dt = _time(lambda: jax.block_until_ready(step(state, tokens)), 2)
+    dt = _time(lambda: jax.block_until_ready(compiled(state, tokens)), 2)
     stats = jax.devices()[0].memory_stats() or {}
     flops = train_flops_per_token(s, seq) * seq
     rec["fwd_bwd_32k_remat"] = {"seq": seq, "step_s": dt, "first_call_s": first, "tokens_per_s": seq / dt,
-                                "tflops_model": flops / dt / 1e12, "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
-                                "attention": impl}
+                                "tflops_model": flops / dt / 1e12, "process_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                                "compiled_memory": mem, "attention": impl}
 
 
 def table(results: dict) -> str:
@@ -481,20 +506,21 @@ def table(results: dict) -> str:
     for (shape, batch), h in sorted(hf.items()):
         if not any(row["batch"] == batch for row in sec.get(f"decode_{shape}", {}).get("rows", [])):
             lines.append(f"transformers {shape} b{batch}: {h['decode_tok_s']:,.0f} tok/s")
-    m = sec.get("mismatch")
-    if m:
-        for k in ("bf16_learner", "fp32_learner"):
-            lines.append(f"sampler(bf16) vs {k}: mean {m[k]['mean_abs']:.2e}, p99 {m[k]['p99_abs']:.2e}, "
-                         f"max {m[k]['max_abs']:.2e} over {m['tokens']} tokens (NLL {m[k]['mean_nll']:.2f})")
+    for key, m in sec.get("mismatch", {}).items():
+        for k in ("sampler_vs_bf16_learner", "sampler_vs_fp32_learner", "bf16_learner_vs_fp32_learner"):
+            lines.append(f"{key} {k}: mean {m[k]['mean_abs']:.2e}, p99 {m[k]['p99_abs']:.2e}, "
+                         f"max {m[k]['max_abs']:.2e} over {m['tokens']} tokens (NLL {m['mean_nll_fp32']:.2f})")
     lg = sec.get("long", {})
     if "prefill_decode_b8" in lg:
         r = lg["prefill_decode_b8"]
+        peak = (r.get("process_peak_bytes_in_use") or 0) / 2**30
         lines.append(f"32k prefill b8 + 64 decode steps: OK, {r['wall_s']:.1f} s wall incl. compile "
-                     f"({r['attention']})")
+                     f"({r['attention']}), process peak {peak:.1f} GiB")
     if "fwd_bwd_32k_remat" in lg:
         r = lg["fwd_bwd_32k_remat"]
-        lines.append(f"32k fwd+bwd remat 0.5B: OK, {r['step_s']:.2f} s/step, peak "
-                     f"{(r['peak_bytes_in_use'] or 0) / 2**30:.1f} GiB")
+        temp = (r.get("compiled_memory") or {}).get("temp_size_in_bytes") or 0
+        lines.append(f"32k fwd+bwd remat 0.5B: OK, {r['step_s']:.2f} s/step, compiled temp "
+                     f"{temp / 2**30:.1f} GiB, process peak {(r['process_peak_bytes_in_use'] or 0) / 2**30:.1f} GiB")
     for k, v in results["errors"].items():
         lines.append(f"!! {k}: {v[:300]}")
     return "\n".join(lines)
@@ -542,16 +568,13 @@ def main() -> None:
     if "train" in sections:
         b.section("train_7B", lambda: train(b, "7B", 1, SIZES["train_seq"], 3), 40)
         b.section("train_0.5B", lambda: train(b, "0.5B", 4, SIZES["train_seq"], 5), 30)
-    if "decode" in sections or "mismatch" in sections:
-        def dec05():
-            b._peaked_model = _peaked_05b(b)
-            decode(b, "0.5B", [64, 1, 16], SIZES["prompt"], SIZES["new_tokens"], model=b._peaked_model)
-        b.section("decode_0.5B", dec05, 30)
-    if "mismatch" in sections and hasattr(b, "_mismatch_inputs"):
-        b.section("mismatch", lambda: mismatch(b), 20)
-    for attr in ("_mismatch_inputs", "_peaked_model"):
-        if hasattr(b, attr):
-            delattr(b, attr)
+    if "long_first" in sections:  # a fresh process: the peak memory figures are the long runs' own
+        b.section("long", lambda: long_context(b), 30)
+    if "decode" in sections:
+        b.section("decode_0.5B", lambda: decode(b, "0.5B", [64, 1, 16], SIZES["prompt"], SIZES["new_tokens"],
+                                                 model=_peaked_05b(b)), 30)
+    if "mismatch" in sections:
+        b.section("mismatch", lambda: mismatch(b), 30)
     if "decode" in sections:
         b.section("decode_7B", lambda: decode(b, "7B", [1, 64, 16], SIZES["prompt"], SIZES["new_tokens"]), 30)
     if "long" in sections:

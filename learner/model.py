@@ -78,6 +78,11 @@ class ModelConfig:
     """Storage dtype of the parameters: "float32" or "bfloat16"."""
     dtype: str = "float32"
     """Compute dtype of activations and matmuls: "float32" or "bfloat16" (norms and softmax run in float32)."""
+    residual_float32: bool = True
+    """Keep the residual stream in float32 (layer inputs are cast to `dtype` for the matmuls). With bf16
+    compute this cuts the bf16 rounding that accumulates over the layers, and with it the log-prob
+    mismatch between two implementations (sampler and learner); False rounds the stream to `dtype` after
+    every layer, as Hugging Face's bf16 models do."""
     max_position_embeddings: int = 32768
     """Longest position the checkpoint was made for (informational; yarn's default original length)."""
     remat: bool = False
@@ -133,6 +138,10 @@ class ModelConfig:
     @property
     def jnp_dtype(self):
         return DTYPES[self.dtype]
+
+    @property
+    def residual_dtype(self):
+        return jnp.float32 if self.residual_float32 else DTYPES[self.dtype]
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed (validated again)."""
@@ -254,20 +263,22 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # -------------------------------------------------------------------------------------- layer functions
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis, statistics in float32, result in x's dtype times `weight`."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, out_dtype=None) -> jax.Array:
+    """RMSNorm over the last axis, statistics in float32; the normalised values are cast to `out_dtype`
+    (default x's dtype) and multiplied by `weight` in that dtype."""
+    out = x.dtype if out_dtype is None else out_dtype
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return normed.astype(x.dtype) * weight.astype(x.dtype)
+    return normed.astype(out) * weight.astype(out)
 
 
 def layer_qkv(config: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array):
     """Pre-norm and q/k/v projections of one layer, with QK-norm and rotary embedding applied.
 
-    x `[B, T, D]` (compute dtype) -> q `[B, T, H, Dh]`, k and v `[B, T, K, Dh]`.
+    x `[B, T, D]` (residual stream) -> q `[B, T, H, Dh]`, k and v `[B, T, K, Dh]` (compute dtype).
     """
     dt = config.jnp_dtype
-    h = rms_norm(x, p["input_norm"], config.rms_norm_eps)
+    h = rms_norm(x, p["input_norm"], config.rms_norm_eps, dt)
     q = jnp.einsum("btd,dhk->bthk", h, p["wq"].astype(dt))
     k = jnp.einsum("btd,dhk->bthk", h, p["wk"].astype(dt))
     v = jnp.einsum("btd,dhk->bthk", h, p["wv"].astype(dt))
@@ -280,10 +291,11 @@ def layer_qkv(config: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: j
 
 
 def layer_out(config: ModelConfig, p: dict, x: jax.Array, attn: jax.Array) -> jax.Array:
-    """Output projection + residual, then the SwiGLU MLP block + residual. attn `[B, T, H, Dh]`."""
+    """Output projection + residual, then the SwiGLU MLP block + residual. attn `[B, T, H, Dh]`; x and the
+    result are the residual stream (float32 when config.residual_float32)."""
     dt = config.jnp_dtype
     x = x + jnp.einsum("bthk,hkd->btd", attn, p["wo"].astype(dt))
-    h = rms_norm(x, p["post_norm"], config.rms_norm_eps)
+    h = rms_norm(x, p["post_norm"], config.rms_norm_eps, dt)
     gate = jnp.einsum("btd,df->btf", h, p["w_gate"].astype(dt))
     up = jnp.einsum("btd,df->btf", h, p["w_up"].astype(dt))
     return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"].astype(dt))
@@ -439,7 +451,7 @@ class Backbone(nnx.Module):
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
                  lengths: jax.Array | None = None) -> jax.Array:
         config = self.config
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(config.jnp_dtype)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(config.jnp_dtype).astype(config.residual_dtype)
         cos, sin = rope_cos_sin(config, positions)
 
         def body(carry, layer):
@@ -448,7 +460,7 @@ class Backbone(nnx.Module):
         if config.remat:
             body = jax.checkpoint(body, prevent_cse=False)
         x, _ = jax.lax.scan(body, x, self.layers.layer_params())
-        return rms_norm(x, self.final_norm[...], config.rms_norm_eps)
+        return rms_norm(x, self.final_norm[...], config.rms_norm_eps, config.jnp_dtype)
 
 
 class Transformer(nnx.Module):

@@ -120,7 +120,7 @@ def test_remat_gradients_match():
             m = nnx.merge(graphdef, state)
             return -token_logprobs(m(tokens[:, :-1], pos[:, :-1]), tokens[:, 1:]).mean()
 
-        return jax.grad(loss)(state)
+        return jax.jit(jax.grad(loss))(state)
 
     g0, g1 = grads(False), grads(True)
     for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):

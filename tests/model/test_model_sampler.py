@@ -173,3 +173,22 @@ def test_set_weights_and_bad_input(model, sampler):
         Sampler(model, SamplerConfig(max_cache_len=32)).generate([prompt], SamplingParams(max_new_tokens=30))
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+def test_bf16_sampler_close_to_bf16_learner():
+    """The bf16 code paths (casts, float32 residual stream): agreement within bf16 rounding, not 1e-3."""
+    cfg = CFG.replace(param_dtype="bfloat16", dtype="bfloat16")
+    model = Transformer(cfg, nnx.Rngs(11))
+    s = Sampler(model, SCFG)
+    prompts = _prompts([12, 30], seed=13)
+    outs = s.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=20), seed=2)
+    for prompt, out in zip(prompts, outs):
+        want, _ = _learner_logprobs(model, prompt, out, 1.0)
+        assert np.abs(want - out.logprobs).mean() < 0.05 and np.isfinite(out.logprobs).all()
+    tokens, pos = jnp.asarray([prompts[0]], jnp.int32), jnp.arange(12, dtype=jnp.int32)[None]
+    h32 = model.hidden_states(tokens, pos)
+    rounded = Transformer(cfg.replace(residual_float32=False), nnx.Rngs(11))
+    h16 = rounded.hidden_states(tokens, pos)
+    assert h32.dtype == h16.dtype == jnp.bfloat16
+    diff = float(jnp.abs(h32.astype(jnp.float32) - h16.astype(jnp.float32)).max())
+    assert 0 < diff < 0.2  # the residual dtype changes only the rounding
