@@ -25,6 +25,9 @@ def _mount() -> None:
     from tasks.cli import app as tasks_app
 
     app.add_typer(tasks_app, name="tasks")
+    from cuda_agent.eval import eval_cmd
+
+    app.command("eval")(eval_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,64 @@
+"""Command lines of the child processes `cuda-agent train` and `cuda-agent eval` start (for cuda_agent.supervisor),
+and small helpers around them (free loopback ports, the cache folder shared across runs).
+
+Every child is one of the project's own commands, run with this interpreter (`python -m cuda_agent.cli ...` or the
+package's module), so what the supervisor runs is exactly what a user would run by hand on another host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from cuda_agent.supervisor import ProcessSpec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cache_root(configured: str = "") -> Path:
+    """Caches shared by runs (torch.compile / inductor artefacts, sandbox builds): `configured`, else
+    $XDG_CACHE_HOME/cuda-agent or ~/.cache/cuda-agent."""
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cuda-agent"
+
+
+def child_env(cpu_threads: int | None = None) -> dict[str, str]:
+    """Environment every child gets: the repository on PYTHONPATH (so a source checkout works uninstalled) and,
+    on CPU, bounded thread pools so that processes sharing a small machine do not oversubscribe it."""
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + ([os.environ["PYTHONPATH"]]
+                                                             if os.environ.get("PYTHONPATH") else [])),
+           "PYTHONUNBUFFERED": "1"}
+    if cpu_threads:
+        env.update({"OMP_NUM_THREADS": str(cpu_threads), "MKL_NUM_THREADS": str(cpu_threads)})
+    return env
+
+
+def sandbox_node_spec(name: str, config_yaml: Path, endpoint: str, ready_file: Path, cache_dir: Path,
+                      overrides: Sequence[str] = (), restart: bool = True, max_restarts: int = 5,
+                      stop_timeout_s: float = 60.0) -> ProcessSpec:
+    """`cuda-agent sandbox serve CONFIG endpoint=... ready_file=...`; the inductor cache (torch.compile baselines)
+    lives under `cache_dir` so that later runs reuse it."""
+    argv = [sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", str(config_yaml), f"endpoint={endpoint}",
+            f"ready_file={ready_file}", *overrides]
+    env = child_env()
+    env.update({"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    return ProcessSpec(name=name, argv=argv, env=env, cwd=str(REPO_ROOT), restart=restart, max_restarts=max_restarts,
+                       restart_on_exit_0=restart, stop_timeout_s=stop_timeout_s, ready_file=str(ready_file))
+
+
+def eval_spec(name: str, args: Sequence[str], cpu_threads: int | None = None) -> ProcessSpec:
+    """`cuda-agent eval ARGS` as a child (not restarted: the driver retries a failed evaluation itself)."""
+    return ProcessSpec(name=name, argv=[sys.executable, "-m", "cuda_agent.cli", "eval", *args],
+                       env=child_env(cpu_threads), cwd=str(REPO_ROOT), restart=False, stop_timeout_s=30.0)

@@ -1,0 +1,250 @@
+"""`TrainConfig`: everything `cuda-agent train` needs, typed. Presets in `configs/` (`local` is the default, `smoke`
+for CI, `h200` for one GPU host, `multihost` as an example); any field can be overridden on the command line as
+`a.b=value`. Merge order: these dataclass defaults < the preset's YAML < the overrides
+(`cuda_agent.config.load_config`). The resolved config is saved as `config.yaml` in the run folder.
+
+The components keep their own config dataclasses and are embedded whole, so every knob stays reachable:
+`learner.*` (learner.config.LearnerConfig: PPO, optimisers, mesh, checkpoints), `actor.*`
+(actors.config.ActorConfig: concurrency and the agent loop), `node.*` (sandbox.service.ServiceConfig, with the
+sandbox pipeline under `node.sandbox.*`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List
+
+from actors.config import ActorConfig
+from learner.config import LearnerConfig
+from sandbox.service import ServiceConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+MODEL_INITS = ("scratch", "hf")
+STAGE_NAMES = ("warm_start", "single_turn_ppo", "rft", "value_pretrain", "multi_turn_ppo")
+EVAL_MODES = ("single_turn", "multi_turn")
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ValueError(msg)
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """The policy network. `scratch`: a small Qwen2-layout transformer initialised at random with the fields
+    below (vocab from the tokenizer); `hf`: a Hugging Face checkpoint folder (config.json, safetensors,
+    tokenizer.json), e.g. one trained here and exported, for the h200 preset."""
+
+    init: str = "scratch"
+    """"scratch" or "hf"."""
+    hf_path: str = ""
+    """Checkpoint folder for init=hf."""
+    hidden_size: int = 192
+    num_layers: int = 3
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 512
+    max_position_embeddings: int = 8192
+    dtype: str = "float32"
+    """Compute dtype ("float32" or "bfloat16")."""
+    param_dtype: str = "float32"
+    remat: bool = False
+    attention_impl: str = "xla"
+
+    def __post_init__(self) -> None:
+        _check(self.init in MODEL_INITS, f"model.init must be one of {MODEL_INITS}, got {self.init!r}")
+        _check(self.init != "hf" or bool(self.hf_path), "model.init=hf needs model.hf_path (a checkpoint folder)")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "max_position_embeddings"):
+            _check(getattr(self, name) > 0, f"model.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class TokenizerSpec:
+    """The tokenizer: a tokenizer.json, or a byte-level BPE trained on the built-in corpus (skill text, task
+    sources, demonstrations) when `path` is empty and the model is trained from scratch."""
+
+    path: str = ""
+    vocab_size: int = 4096
+    min_frequency: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 512, f"tokenizer.vocab_size must be >= 512, got {self.vocab_size}")
+
+
+@dataclasses.dataclass
+class TaskSpec:
+    """Which tasks train and which evaluate. Splits are those of `tasks.builtin` ("auto" picks the cpu_* or gpu_*
+    splits from the device), or paths (KernelBench folder, .jsonl, .py folder)."""
+
+    train: List[str] = dataclasses.field(default_factory=lambda: ["single_op", "auto_train"])
+    """Training task sources: built-in split names, "auto_train" (cpu_train or gpu_train), or paths."""
+    eval: str = "auto_eval"
+    """The fixed evaluation split (tasks with no demonstrations): a split name, "auto_eval", or a path."""
+    format: str = "auto"
+    """Solution format: "cpu", "cubin", "extension", or "auto" (cubin on a GPU, cpu otherwise)."""
+    max_train_tasks: int = 0
+    """Use at most this many training tasks (0 = all), chosen with the run seed."""
+    max_eval_tasks: int = 0
+    """Use at most this many evaluation tasks (0 = all; the first N in file order, fixed across runs)."""
+    rollout_demo_tasks_only: bool = False
+    """PPO rollouts only on training tasks that have demonstrations (easier tasks for a small model)."""
+
+    def __post_init__(self) -> None:
+        _check(self.format in ("auto", "cpu", "cubin", "extension"), f"tasks.format: unknown {self.format!r}")
+        _check(self.max_train_tasks >= 0 and self.max_eval_tasks >= 0, "tasks.max_*_tasks must be >= 0")
+
+
+@dataclasses.dataclass
+class WarmStartSpec:
+    """Stage 0: supervised warm start on demonstrations (both single-turn and multi-turn renderings)."""
+
+    enabled: bool = True
+    steps: int = 200
+    """Optimiser steps (each `batch_rows` rows)."""
+    batch_rows: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    max_seq_len: int = 4096
+    """Demonstrations longer than this (in tokens) are left out (counted in the metrics)."""
+    time_budget_s: float = 600.0
+    """Stop early after this long (the stage still ends with a checkpoint)."""
+    variants: List[str] = dataclasses.field(default_factory=lambda: ["fused", "fast", "naive"])
+    """Demonstration variants used."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0 and self.batch_rows >= 1 and self.max_seq_len >= 16, "warm_start: bad sizes")
+        _check(self.time_budget_s > 0 and self.lr >= 0, "warm_start: time_budget_s > 0 and lr >= 0")
+
+
+@dataclasses.dataclass
+class PPOStageSpec:
+    """Stages 1 and 4: PPO with actors producing episodes (single-turn or multi-turn)."""
+
+    enabled: bool = True
+    updates: int = 4
+    """PPO updates to run."""
+    episodes_per_update: int = 8
+    """Trajectories per update (learner.batch_trajectories for this stage)."""
+    max_turns: int = 1
+    """Agent turns per episode (1 for single-turn)."""
+    max_new_tokens_per_turn: int = 2048
+    max_context_tokens: int = 8192
+    temperature: float = 1.0
+    lr: float = 1e-5
+    critic_lr: float = 1e-4
+    time_budget_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _check(self.updates >= 0 and self.episodes_per_update >= 1 and self.max_turns >= 1, "ppo stage: bad sizes")
+        _check(self.time_budget_s > 0, "ppo stage: time_budget_s must be > 0")
+
+
+@dataclasses.dataclass
+class RFTSpec:
+    """Stage 2: rejection-sampling fine-tuning on the warm-up's trajectories with reward >= threshold."""
+
+    enabled: bool = True
+    reward_threshold: float = 0.0
+    """Keep trajectories with final reward >= this (0 = correct; the paper keeps high-reward ones)."""
+    steps: int = 40
+    batch_rows: int = 8
+    lr: float = 1e-3
+    time_budget_s: float = 300.0
+
+
+@dataclasses.dataclass
+class ValuePretrainSpec:
+    """Stage 3: value pre-training of the critic on the kept trajectories' returns."""
+
+    enabled: bool = True
+    steps: int = 40
+    batch_rows: int = 8
+    lr: float = 1e-3
+    time_budget_s: float = 300.0
+
+
+@dataclasses.dataclass
+class StagesSpec:
+    warm_start: WarmStartSpec = dataclasses.field(default_factory=WarmStartSpec)
+    single_turn_ppo: PPOStageSpec = dataclasses.field(default_factory=PPOStageSpec)
+    rft: RFTSpec = dataclasses.field(default_factory=RFTSpec)
+    value_pretrain: ValuePretrainSpec = dataclasses.field(default_factory=ValuePretrainSpec)
+    multi_turn_ppo: PPOStageSpec = dataclasses.field(default_factory=lambda: PPOStageSpec(max_turns=3))
+
+
+@dataclasses.dataclass
+class EvalSpec:
+    """Evaluation on the fixed eval split: after stage 0, after each later stage, and every N PPO updates."""
+
+    every_updates: int = 0
+    """Also evaluate every N PPO updates inside stages 1 and 4 (0 = only at stage ends)."""
+    samples_per_task: int = 1
+    mode: str = "single_turn"
+    """How evaluation episodes run: "single_turn" (one reply holds the solution) or "multi_turn"."""
+    max_turns: int = 3
+    """Turns of multi-turn evaluation episodes."""
+    temperature: float = 0.0
+    """0 = greedy decoding."""
+    max_new_tokens_per_turn: int = 2048
+    max_context_tokens: int = 8192
+    on_train_tasks: int = 0
+    """Also evaluate on this many training tasks (learning on seen tasks, next to the held-out split)."""
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        _check(self.every_updates >= 0 and self.samples_per_task >= 1, "eval: every_updates >= 0, samples >= 1")
+        _check(self.mode in EVAL_MODES, f"eval.mode must be one of {EVAL_MODES}, got {self.mode!r}")
+
+
+@dataclasses.dataclass
+class SupervisionSpec:
+    """Restarts and shutdown of the child processes (cuda_agent.supervisor)."""
+
+    max_restarts: int = 5
+    backoff_s: float = 1.0
+    stop_timeout_s: float = 60.0
+    """Grace after SIGTERM (the learner writes its checkpoint in it) before SIGKILL."""
+    ready_timeout_s: float = 600.0
+    """How long a child may take to come up (the sandbox node's workers, JAX compilation)."""
+
+
+@dataclasses.dataclass
+class ReportSpec:
+    top_kernels: int = 5
+    """Final kernels of this many highest-reward episodes go into the report."""
+    trajectories_per_stage: int = 2
+    """Sampled trajectories rendered for reading, per stage."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """One `cuda-agent train` run (see the module doc)."""
+
+    run_dir: str = ""
+    """Run folder; "" = runs/<date>-<time>-<preset>."""
+    preset: str = "local"
+    """Name of the preset the config came from (informational; set by the command)."""
+    seed: int = 0
+    device: str = "auto"
+    """"cpu", "cuda", or "auto" (cuda when torch sees a GPU): picks the sandbox backend, solution format and
+    task splits."""
+    actors: int = 1
+    """Actor processes."""
+    cache_dir: str = ""
+    """Caches shared across runs (torch.compile baselines, builds); "" = ~/.cache/cuda-agent."""
+    model: ModelSpec = dataclasses.field(default_factory=ModelSpec)
+    tokenizer: TokenizerSpec = dataclasses.field(default_factory=TokenizerSpec)
+    tasks: TaskSpec = dataclasses.field(default_factory=TaskSpec)
+    stages: StagesSpec = dataclasses.field(default_factory=StagesSpec)
+    eval: EvalSpec = dataclasses.field(default_factory=EvalSpec)
+    learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+    actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+    node: ServiceConfig = dataclasses.field(default_factory=ServiceConfig)
+    supervision: SupervisionSpec = dataclasses.field(default_factory=SupervisionSpec)
+    report: ReportSpec = dataclasses.field(default_factory=ReportSpec)
+
+    def __post_init__(self) -> None:
+        _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
+        _check(self.actors >= 1, f"actors must be >= 1, got {self.actors}")
