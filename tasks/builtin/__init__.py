@@ -34,13 +34,30 @@ def split_path(name: str) -> Path:
     return HERE / "single_op" if name == "single_op" else HERE / f"{name}.jsonl"
 
 
+# Hand-checked single-operator tasks: id -> (category, operator).
+SINGLE_OP = {
+    "op_relu": ("activation", "relu"), "op_gelu": ("activation", "gelu"), "op_sigmoid": ("activation", "sigmoid"),
+    "op_tanh": ("activation", "tanh"), "op_add": ("elementwise", "add"), "op_axpy": ("elementwise", "axpy"),
+    "op_sum_over_rows": ("reduction", "sum"), "op_mean_over_rows": ("reduction", "mean"),
+    "op_max_over_rows": ("reduction", "amax"), "op_softmax": ("softmax", "softmax"),
+    "op_logsoftmax": ("softmax", "log_softmax"), "op_layernorm": ("normalization", "layer_norm"),
+    "op_rmsnorm": ("normalization", "rms_norm"), "op_matmul_square": ("matmul", "matmul"),
+    "op_matmul_rectangular": ("matmul", "matmul"), "op_linear": ("matmul", "linear"),
+    "op_batched_matmul": ("matmul", "bmm"), "op_conv2d": ("conv", "conv2d"), "op_maxpool2d": ("pooling", "max_pool2d"),
+    "op_avgpool2d": ("pooling", "avg_pool2d"), "op_cumsum": ("scan", "cumsum"), "op_mseloss": ("loss", "mse_loss"),
+    "op_l2normalize": ("normalization", "l2_normalize"),
+}
+
+
 def _single_op() -> list[Task]:
     from tasks.loaders import load_py_folder, slug
 
     out = []
     for t in load_py_folder(HERE / "single_op"):
         name = t.name.split("_", 1)[1] if "_" in t.name else t.name
-        out.append(t.replace(id=f"op_{slug(name)}", name=name, source="builtin", level=1,
+        tid = f"op_{slug(name)}"
+        category, op = SINGLE_OP[tid]
+        out.append(t.replace(id=tid, name=name, source="builtin", level=1, category=category, operators=(op,),
                              metadata={**t.metadata, "split": "single_op", "depth": 1},
                              provenance={**t.provenance, "path": f"tasks/builtin/single_op/{t.name}.py"}))
     return out

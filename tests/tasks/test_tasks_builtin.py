@@ -85,3 +85,16 @@ def test_compile_and_timing_on_a_sample(splits):
     for t, v in filter_in_process(sample, cfg):
         assert v.accepted, (t.id, v.reason, v.detail)
         assert v.compile_ms is not None
+
+
+def test_single_op_categories_match_their_trace(splits):
+    from tasks.categories import infer_category
+    from tasks.trace import trace_source
+
+    # written out with primitive ops (mean / vector norm), a trace sees a reduction; by hand they are norms
+    by_hand = {"op_rmsnorm": "normalization", "op_l2normalize": "normalization"}
+    for t in splits["single_op"]:
+        traced = infer_category(trace_source(t.reference, t.id).signature)
+        assert t.category == by_hand.get(t.id, traced), t.id
+        if t.id in by_hand:
+            assert traced == "reduction"
