@@ -36,6 +36,7 @@ from learner.chat import ChatFormat
 from tasks.schema import Task
 
 log = logging.getLogger(__name__)
+_END = object()
 
 
 def default_actor_id() -> str:
@@ -135,8 +136,8 @@ class Actor:
 
     async def run(self, tasks: Iterable[Task], max_episodes: int | None = None,
                   stop: threading.Event | None = None) -> dict[str, Any]:
-        """Run episodes until the tasks run out, `max_episodes` have finished, or `stop` is set; returns
-        `summary()`."""
+        """Run episodes until the tasks run out, `max_episodes` have started and finished, or `stop` is set;
+        returns `summary()`. `tasks` may yield None for "nothing to run right now" (asked again shortly)."""
         loop = asyncio.get_running_loop()
         self._sink_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sink")
         self.batcher.reset()
@@ -154,10 +155,12 @@ class Actor:
                        and not (stop is not None and stop.is_set())):
                     if self.versions.newest is None:
                         break  # no weights yet: wait below
-                    task = next(task_iter, None)
-                    if task is None:
+                    task = next(task_iter, _END)
+                    if task is _END:
                         exhausted = True
                         break
+                    if task is None:
+                        break  # the source has nothing right now: ask again shortly
                     policy = self.versions.acquire()
                     episode_id = f"{self.actor_id}-{uuid.uuid4().hex[:16]}"
                     running.add(asyncio.create_task(self._episode(loop, task, policy, episode_id)))
@@ -167,7 +170,7 @@ class Actor:
                     if exhausted or (max_episodes is not None and started >= max_episodes) or \
                             (stop is not None and stop.is_set()):
                         break
-                    await asyncio.sleep(0.05)  # waiting for the first weights version (or for stop)
+                    await asyncio.sleep(0.05)  # waiting for weights, for a task, or for stop
                     continue
                 done, running = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 self.batcher.episodes = len(running)

@@ -133,7 +133,11 @@ class GenerationBatcher:
         self.stats["sequences"] += len(batch)
         self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
         for r, out in zip(batch, outs):
-            if not r.future.done():
+            if r.future.done():
+                continue
+            if isinstance(out, BaseException):  # this sequence failed alone (e.g. one HTTP request)
+                r.future.set_exception(out)
+            else:
                 r.future.set_result(out)
 
     def close(self) -> None:

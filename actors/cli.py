@@ -1,8 +1,8 @@
 """`cuda-agent actor ...`: run an actor against a learner (training), or evaluate a frozen policy.
 
-    cuda-agent actor run  [CONFIG.yaml] [key=value ...] --model DIR --learner HOST --sandbox tcp://node:5557
-    cuda-agent actor eval [CONFIG.yaml] [key=value ...] (--checkpoint DIR | --openai-url URL --openai-model M)
-                          --tasks PATH --out results.jsonl
+    cuda-agent actor run  --model DIR --learner HOST --sandbox tcp://node:5557 [--config Y.yaml] [--set k=v ...]
+    cuda-agent actor eval (--checkpoint DIR | --openai-url URL --openai-model M) --tasks PATH --out results.jsonl
+                          [--sandbox tcp://node:5557 ...] [--config Y.yaml] [--set k=v ...]
 
 Thin wrappers over `actors.actor`; JAX is imported only by the commands that sample.
 """
@@ -47,9 +47,12 @@ def load_task_source(path: Optional[Path]) -> list:
 
 def _config(config: Optional[Path], overrides: List[str]):
     from actors.config import ActorConfig
-    from cuda_agent.config import load_config
+    from cuda_agent.config import ConfigError, load_config
 
-    return load_config(ActorConfig, config, overrides)
+    try:
+        return load_config(ActorConfig, config, overrides)
+    except (ConfigError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _stop_on_signals() -> threading.Event:
@@ -123,8 +126,9 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 
 @app.command("run")
 def run_cmd(
-    config: Optional[Path] = typer.Argument(None, help="YAML preset (ActorConfig fields)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. agent.max_turns=16"),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML preset (ActorConfig fields)."),
+    overrides: List[str] = typer.Option([], "--set", help="ActorConfig override key=value (repeatable), e.g. "
+                                                          "agent.max_turns=16"),
     model: Path = typer.Option(..., help="Model folder: config.json (Hugging Face) and tokenizer.json."),
     learner: Optional[str] = typer.Option(None, help="Learner host: trajectories on :5555, weights on :5556 "
                                                       "(or set trajectories_endpoint / weights_endpoint)."),
@@ -138,7 +142,7 @@ def run_cmd(
 ) -> None:
     """Training: sample episodes with the learner's newest weights, ship trajectories to the learner."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = _config(config, overrides or [])
+    cfg = _config(config, overrides)
     if learner:
         cfg.trajectories_endpoint = cfg.trajectories_endpoint or f"tcp://{learner}:5555"
         cfg.weights_endpoint = cfg.weights_endpoint or f"tcp://{learner}:5556"
@@ -152,7 +156,6 @@ def run_cmd(
         configure_device_memory(cfg.sampler_memory_fraction)
     from actors.actor import Actor, TrajectorySink, cycle_tasks, default_actor_id, run_actor
     from actors.policy import jax_policy_from_update
-    from actors.sampler import SamplerConfig
     from actors.weights import PolicyVersions, WeightsRefresher
     from learner.chat import ChatFormat
     from learner.hf_checkpoint import read_config
@@ -166,7 +169,7 @@ def run_cmd(
     task_list = load_task_source(tasks)
     stages = _stages(cfg, actor_id, curve_secret_key, server_public_key)
     fmt = resolve_format(cfg.agent.solution_format, stages)
-    sampler_config = SamplerConfig(max_cache_len=cfg.max_cache_len or cfg.agent.max_context_tokens)
+    sampler_config = cfg.sampler_config()
     fetcher = WeightsFetcher(cfg.weights_endpoint, actor_id=actor_id)
     refresher = WeightsRefresher(fetcher, lambda u: jax_policy_from_update(u, model_config, sampler_config, tok.decode,
                                                                            cfg.seed))
@@ -191,8 +194,9 @@ def run_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    config: Optional[Path] = typer.Argument(None, help="YAML preset (ActorConfig fields)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. agent.max_turns=16"),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML preset (ActorConfig fields)."),
+    overrides: List[str] = typer.Option([], "--set", help="ActorConfig override key=value (repeatable), e.g. "
+                                                          "agent.max_turns=16"),
     out: Path = typer.Option(..., help="Per-task results, one JSON line per episode."),
     checkpoint: Optional[Path] = typer.Option(None, help="Hugging Face checkpoint folder (JAX sampling)."),
     openai_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL, e.g. http://host:8000/v1"),
@@ -214,7 +218,7 @@ def eval_cmd(
         raise typer.BadParameter("give exactly one policy: --checkpoint DIR or --openai-url URL (with --openai-model)")
     if openai_url and not openai_model:
         raise typer.BadParameter("--openai-url needs --openai-model")
-    cfg = _config(config, overrides or [])
+    cfg = _config(config, overrides)
     if sandbox:
         cfg.sandbox_endpoints = ",".join(sandbox)
     if single_turn:
@@ -229,12 +233,13 @@ def eval_cmd(
     tok = _tokenizer(tokenizer or checkpoint)
     chat = ChatFormat(tok)
     if checkpoint is not None:
-        from actors.policy import jax_policy_from_checkpoint
-        from actors.sampler import SamplerConfig
+        if cfg.sampler_memory_fraction is not None:
+            from actors.sampler import configure_device_memory
 
-        policy = jax_policy_from_checkpoint(checkpoint, SamplerConfig(max_cache_len=cfg.max_cache_len
-                                                                      or cfg.agent.max_context_tokens),
-                                            detokenize=tok.decode, seed=cfg.seed)
+            configure_device_memory(cfg.sampler_memory_fraction)
+        from actors.policy import jax_policy_from_checkpoint
+
+        policy = jax_policy_from_checkpoint(checkpoint, cfg.sampler_config(), detokenize=tok.decode, seed=cfg.seed)
     else:
         from actors.openai_policy import OpenAIPolicy
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 MODES = ("multi_turn", "single_turn")
 REWARD_FROM = ("final", "best")
 SOLUTION_FORMATS = ("auto", "cubin", "extension", "cpu")
+SKILLS = ("full", "brief")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -45,6 +46,9 @@ class AgentConfig:
     """Nucleus sampling mass (1 = off; see actors.sampler for how truncation enters behaviour log-probs)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
+    skill: str = "full"
+    """System prompt: "full" skill text (workspace, rules, format, tools, goal), or "brief" (about 150 tokens,
+    for small models trained from scratch)."""
     solution_format: str = "auto"
     """"cubin", "extension", "cpu", or "auto": the sandbox nodes' backend decides (cuda -> cubin, cpu -> cpu)."""
     observation_max_chars: int = 3000
@@ -58,6 +62,7 @@ class AgentConfig:
         _check(self.mode in MODES, f"AgentConfig.mode must be one of {MODES}, got {self.mode!r}")
         _check(self.reward_from in REWARD_FROM, f"AgentConfig.reward_from must be one of {REWARD_FROM}, "
                                                 f"got {self.reward_from!r}")
+        _check(self.skill in SKILLS, f"AgentConfig.skill must be one of {SKILLS}, got {self.skill!r}")
         _check(self.solution_format in SOLUTION_FORMATS,
                f"AgentConfig.solution_format must be one of {SOLUTION_FORMATS}, got {self.solution_format!r}")
         for name in ("max_turns", "max_new_tokens_per_turn", "min_new_tokens_per_turn", "max_tool_calls_per_turn",
@@ -134,6 +139,12 @@ class ActorConfig:
     """Share of the accelerator's memory JAX may take (so a sandbox can share the GPU); None = JAX default."""
     max_cache_len: int = 0
     """Sampler KV-cache bound in tokens; 0 = agent.max_context_tokens."""
+    sampler_min_batch_bucket: int = 1
+    """Sampler batches are padded to a power of two at least this (fewer shapes to compile)."""
+    sampler_min_prompt_bucket: int = 64
+    """Smallest prompt-length bucket of the sampler (tokens)."""
+    sampler_decode_chunk_steps: int = 16
+    """Decode steps per jitted sampler call."""
     agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
     stages: StagesConfig = dataclasses.field(default_factory=StagesConfig)
 
@@ -145,8 +156,21 @@ class ActorConfig:
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
         _check(self.max_cache_len >= 0, "ActorConfig.max_cache_len must be >= 0")
+        for name in ("sampler_min_batch_bucket", "sampler_min_prompt_bucket", "sampler_decode_chunk_steps"):
+            _check(getattr(self, name) >= 1, f"ActorConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.sampler_memory_fraction is not None:
             _check(0 < self.sampler_memory_fraction <= 1, "ActorConfig.sampler_memory_fraction must be in (0, 1]")
+
+    def sampler_config(self):
+        """The `actors.sampler.SamplerConfig` these fields describe (imports JAX)."""
+        from actors.sampler import SamplerConfig
+
+        return SamplerConfig(min_prompt_bucket=self.sampler_min_prompt_bucket,
+                             min_cache_bucket=2 * self.sampler_min_prompt_bucket,
+                             min_batch_bucket=self.sampler_min_batch_bucket,
+                             decode_chunk_steps=self.sampler_decode_chunk_steps,
+                             max_cache_len=self.max_cache_len or self.agent.max_context_tokens,
+                             memory_fraction=self.sampler_memory_fraction)
 
     @property
     def sandbox_endpoint_list(self) -> list[str]:

@@ -96,7 +96,8 @@ class Episode:
 
     def result_row(self) -> dict[str, Any]:
         """Per-task result (evaluation mode): plain JSON-able map."""
-        return {"task_id": self.task.id, "episode_id": self.episode_id, "level": self.task.level,
+        return {"task_id": self.task.id, "task_name": self.task.name, "episode_id": self.episode_id,
+                "level": self.task.level,
                 "policy": self.policy_name, "policy_version": self.policy_version, "mode": self.mode,
                 "format": self.fmt, "status": self.status, "reward": float(self.reward),
                 "reward_source": self.reward_source, "final": result_summary(self.final), "error": self.error,
@@ -133,7 +134,7 @@ class EpisodeRunner:
         self.single = self.cfg.mode == "single_turn"
         self.tools = SINGLE_TURN_TOOLS if self.single else MULTI_TURN_TOOLS
         self.ws = AgentWorkspace(task.reference, ctx.fmt)
-        self.messages = [Message("system", system_prompt(ctx.fmt, self.cfg.mode, self.cfg.max_turns)),
+        self.messages = [Message("system", system_prompt(ctx.fmt, self.cfg.mode, self.cfg.max_turns, self.cfg.skill)),
                          Message("user", task_prompt(task, ctx.fmt, self.cfg.mode))]
         self.record = ChatTokens(ctx.chat, self.messages)
         self.turn_starts: list[int] = []

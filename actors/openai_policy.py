@@ -93,9 +93,18 @@ class OpenAIPolicy:
         self.max_concurrency = max_concurrency
         self.stats = {"requests": 0, "retries": 0, "failures": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
-    def generate(self, prompts: Sequence[Sequence[int]], settings: Sequence[SamplingParams]) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 settings: Sequence[SamplingParams]) -> list[Completion | PolicyEndpointError]:
+        """One request per prompt, in parallel; a prompt whose request fails gets its PolicyEndpointError in
+        its place (the other episodes of the batch go on)."""
+        def one(prompt: Sequence[int], sp: SamplingParams) -> Completion | PolicyEndpointError:
+            try:
+                return self._one(prompt, sp)
+            except PolicyEndpointError as e:
+                return e
+
         with concurrent.futures.ThreadPoolExecutor(max(1, min(self.max_concurrency, len(prompts)))) as pool:
-            return list(pool.map(self._one, prompts, settings))
+            return list(pool.map(one, prompts, settings))
 
     def _one(self, prompt: Sequence[int], sp: SamplingParams) -> Completion:
         body = {"model": self.model, "messages": to_openai_messages(self.chat, prompt), "max_tokens": sp.max_new_tokens,

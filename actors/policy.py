@@ -3,7 +3,9 @@
     prompts:  a batch of token-id prompts (each the episode's whole context, ending with the generation prompt)
     settings: one `actors.sampler.SamplingParams` per prompt (temperature, top-p/k, max new tokens, stops)
     returns:  one `actors.sampler.Completion` per prompt: sampled ids as generated (stop token included),
-              behaviour log-probs `[n]` float32, finish reason ("stop_token" | "stop_string" | "length")
+              behaviour log-probs `[n]` float32, finish reason ("stop_token" | "stop_string" | "length");
+              or, for a prompt that failed on its own, the exception (only that episode ends policy_error).
+              Raising fails every episode of the batch.
 
 Each policy has a `version` (the weights version recorded in trajectories; -1 for external policies) and a
 `name`. Implementations: `JaxPolicy` here (the KV-cache sampler on one weights version), `OpenAIPolicy` in

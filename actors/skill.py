@@ -94,13 +94,37 @@ _FORMAT_TEXT = {
 }
 
 
-def system_prompt(fmt: str, mode: str = "multi_turn", max_turns: int = 0) -> str:
-    """The system message of an episode for solution format `fmt` ("cubin" | "extension" | "cpu") and agent mode
-    ("multi_turn" | "single_turn"). Raises ValueError for an unknown format or mode."""
+SKILLS = ("full", "brief")
+
+
+def brief_system_prompt(fmt: str, mode: str = "multi_turn") -> str:
+    """A few lines of skill text (about 150 tokens) for small models trained from scratch, whose context is
+    short and whose every prompt token costs: the same rules, tools and call syntax, without the long prose."""
+    suffixes = "/".join(s.lstrip(".") for s in KERNEL_SUFFIXES[fmt])
+    tools = ("write_file(path, content)" if mode == "single_turn" else
+             "write_file(path, content), read_file(path), list_files(), compile(), verify(), profile(), finish()")
+    how = ("One reply, no feedback: write every file now." if mode == "single_turn" else
+           "Write, compile, verify, profile, improve, then finish.")
+    return (f"Write model_new.py (class ModelNew: same constructor, inputs and outputs as Model in model.py) and "
+            f"kernels/*.{{{suffixes}}} in the {fmt} format (load them with sandbox.runtime.load_kernels) so that it "
+            f"computes what Model does, faster. Only model_new.py and kernels/ are writable; no torch compute in "
+            f"forward. Tools: {tools}. Call one as {format_tool_call('name', {'argument': 'value'})}. {how} "
+            f"Reward: -1 wrong, 0 correct, 1 faster than eager, 2 also faster than torch.compile, 3 at least 5% "
+            f"faster than both.")
+
+
+def system_prompt(fmt: str, mode: str = "multi_turn", max_turns: int = 0, skill: str = "full") -> str:
+    """The system message of an episode for solution format `fmt` ("cubin" | "extension" | "cpu"), agent mode
+    ("multi_turn" | "single_turn") and skill text ("full", or "brief": `brief_system_prompt`).
+    Raises ValueError for an unknown format, mode or skill."""
     if fmt not in _FORMAT_TEXT:
         raise ValueError(f"unknown solution format {fmt!r} (expected one of {tuple(_FORMAT_TEXT)})")
     if mode not in ("multi_turn", "single_turn"):
         raise ValueError(f"unknown agent mode {mode!r}")
+    if skill not in SKILLS:
+        raise ValueError(f"unknown skill text {skill!r} (expected one of {SKILLS})")
+    if skill == "brief":
+        return brief_system_prompt(fmt, mode)
     suffixes = ", ".join(KERNEL_SUFFIXES[fmt])
     intro = f"""\
 You are an expert performance engineer. You write custom kernels that replace a PyTorch model's computation and

@@ -19,6 +19,9 @@ app = typer.Typer(
 
 def _mount() -> None:
     """Register the subcommands that exist. A package adds itself here once its command works."""
+    from actors.cli import app as actor_app
+
+    app.add_typer(actor_app, name="actor")
     from sandbox.cli import app as sandbox_app
 
     app.add_typer(sandbox_app, name="sandbox")

@@ -108,7 +108,8 @@ def write(path: str, content: str) -> str:
 def make_tokenizer(vocab_size: int = 1024) -> Tokenizer:
     """A byte-level BPE trained on the skill text, the task and the solutions (fast: a few hundred ms)."""
     task = make_task()
-    corpus = [system_prompt(f, m, 8) for f in ("cpu", "cubin", "extension") for m in ("multi_turn", "single_turn")]
+    corpus = [system_prompt(f, m, 8, skill) for f in ("cpu", "cubin", "extension") for m in ("multi_turn", "single_turn")
+              for skill in ("full", "brief")]
     corpus += [task_prompt(task, "cpu"), KERNEL, MODEL_NEW, write("model_new.py", MODEL_NEW)] * 4
     return train_bpe(corpus, vocab_size=vocab_size)
 

@@ -1,0 +1,100 @@
+"""`cuda-agent actor` as a user runs it, in its own process: `eval` against an OpenAI-compatible endpoint
+(the test double) and `run` against a real learner side (weights publisher and trajectory receiver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _helpers import KERNEL, MODEL_NEW, call, free_port, make_task, write
+from _openai_double import ChatCompletionsDouble
+from tasks.loaders import write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cuda_agent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_actor_help_lists_run_and_eval():
+    out = cuda_agent("actor", "--help")
+    assert out.returncode == 0 and "run" in out.stdout and "eval" in out.stdout
+    bad = cuda_agent("actor", "eval", "--out", "x.jsonl")
+    assert bad.returncode != 0 and "give exactly one policy" in bad.stderr + bad.stdout
+
+
+def test_actor_eval_with_an_openai_endpoint_writes_per_task_results(tokenizer, sandbox_node, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl([make_task("endpoint", "cli_task")], tasks)
+    tok_file = tokenizer.save(tmp_path / "tokenizer.json")
+    out = tmp_path / "results.jsonl"
+    scripts = {"endpoint": [write("kernels/chain.cpp", KERNEL) + "\n" + write("model_new.py", MODEL_NEW),
+                            call("finish")]}
+    with ChatCompletionsDouble(scripts) as double:
+        os.environ["ACTOR_TEST_KEY"] = "sk-cli"
+        try:
+            res = cuda_agent("actor", "eval", "--openai-url", double.url, "--openai-model", "m1",
+                             "--api-key-env", "ACTOR_TEST_KEY", "--tokenizer", str(tok_file), "--tasks", str(tasks),
+                             "--sandbox", sandbox_node.endpoint, "--samples", "2", "--out", str(out),
+                             "--set", "agent.solution_format=cpu", "--set", "agent.max_turns=3",
+                             "--set", "stages.verify_settings={}")
+        finally:
+            del os.environ["ACTOR_TEST_KEY"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and {r["task_id"] for r in rows} == {"cli_task"}
+    assert all(r["status"] == "finished" and r["final"]["status"] == "ok" and r["policy"] == "openai:m1"
+               for r in rows)
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["episodes"] == 2 and summary["by_status"] == {"finished": 2}
+    assert {r["auth"] for r in double.requests} == {"Bearer sk-cli"}
+
+
+@pytest.mark.slow
+def test_actor_run_trains_against_a_learner(tokenizer, sandbox_node, tmp_path):
+    from actors.weights import random_policy_tensors
+    from learner.hf_checkpoint import config_to_hf
+    from learner.model import ModelConfig
+    from protocol.trajectory_channel import TrajectoryReceiver
+    from protocol.weights_channel import WeightsPublisher
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
+    (model_dir / "config.json").write_text(json.dumps(config_to_hf(cfg)))
+    tokenizer.save(model_dir / "tokenizer.json")
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl([make_task()], tasks)
+    traj_port, weights_port = free_port(), free_port()
+    receiver = TrajectoryReceiver(f"tcp://127.0.0.1:{traj_port}", tmp_path / "spool").start()
+    publisher = WeightsPublisher(f"tcp://127.0.0.1:{weights_port}").start()
+    publisher.publish(3, random_policy_tensors(cfg, seed=3, std=0.08))
+    summary_file = tmp_path / "summary.json"
+    try:
+        res = cuda_agent("actor", "run", "--model", str(model_dir), "--sandbox", sandbox_node.endpoint,
+                         "--tasks", str(tasks), "--max-episodes", "3", "--summary-out", str(summary_file),
+                         "--set", f"trajectories_endpoint=tcp://127.0.0.1:{traj_port}",
+                         "--set", f"weights_endpoint=tcp://127.0.0.1:{weights_port}",
+                         "--set", "agent.skill=brief", "--set", "agent.max_turns=2",
+                         "--set", "agent.max_new_tokens_per_turn=8", "--set", "agent.min_new_tokens_per_turn=4",
+                         "--set", "agent.max_context_tokens=1023", "--set", "concurrent_episodes=3",
+                         "--set", "sampler_min_batch_bucket=4", "--set", "sampler_min_prompt_bucket=256",
+                         "--set", "agent.solution_format=auto", timeout=400)
+        assert res.returncode == 0, res.stderr[-3000:]
+        trajs, _ = receiver.spool.read(max_records=10)
+    finally:
+        receiver.close()
+        publisher.close()
+    assert len(trajs) == 3 and {t.policy_version for t in trajs} == {3}
+    assert all(t.loss_mask.sum() > 0 and np.all(t.behaviour_logprobs[t.loss_mask == 0] == 0) for t in trajs)
+    summary = json.loads(summary_file.read_text())
+    assert summary["episodes"] == 3 and summary["outbox"]["acked"] == 3
