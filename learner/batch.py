@@ -1,0 +1,176 @@
+"""Trajectories -> the row arrays of one PPO update (padding or sequence packing).
+
+Input: trajectories as the protocol carries them (`protocol.trajectory.Trajectory`: tokens `[T]` int32,
+behaviour_logprobs `[T]` f32, loss_mask `[T]` uint8, reward, policy_version, episode_id), all token-aligned
+(see `learner.ppo`). Output: `[N, L]` rows (L = max_seq_len) where
+
+  - with packing, trajectories are placed first-fit-decreasing into rows; each gets its own segment id
+    (1, 2, ... within the row; attention never crosses ids), positions restart at 0, and GAE resets at
+    segment boundaries; without packing, one trajectory per row;
+  - the final reward sits on the trajectory's last policy token (token-level rewards elsewhere 0);
+  - padding has segment id 0, loss mask 0, reward 0;
+  - N is rounded up to a multiple of `rows_multiple` with empty rows (loss mask 0: they add nothing).
+
+Refused (and reported with the reason): trajectories longer than L ("too_long"), without policy tokens
+("no_policy_tokens"), with a policy token at position 0 that has no predecessor to predict it
+("policy_token_at_start"), or with non-finite behaviour logprobs on policy tokens ("bad_logprobs").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from learner.train_step import RolloutBatch, SequenceBatch
+
+
+class TrajectoryLike(Protocol):
+    episode_id: str
+    policy_version: int
+    tokens: np.ndarray
+    behaviour_logprobs: np.ndarray
+    loss_mask: np.ndarray
+    reward: float
+
+
+@dataclasses.dataclass
+class PackedBatch:
+    """Host (NumPy) arrays of one update, `[N, L]`, plus per-trajectory records.
+
+    `placement[i] = (row, start)` of trajectory i (in `episode_ids` order); `final_rewards` and
+    `policy_versions` are per trajectory.
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+    loss_mask: np.ndarray
+    behaviour_logprobs: np.ndarray
+    rewards: np.ndarray
+    episode_ids: list[str]
+    placement: list[tuple[int, int]]
+    final_rewards: np.ndarray
+    policy_versions: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens that belong to a trajectory (padding excluded)."""
+        return int(np.count_nonzero(self.segment_ids))
+
+    def to_rollout(self) -> RolloutBatch:
+        """Device arrays for `learner.train_step.ppo_update` (place them with `sharding.shard_batch`)."""
+        seq = SequenceBatch(jnp.asarray(self.tokens), jnp.asarray(self.positions), jnp.asarray(self.segment_ids),
+                            jnp.asarray(self.loss_mask))
+        return RolloutBatch(seq, jnp.asarray(self.behaviour_logprobs), jnp.asarray(self.rewards))
+
+    def to_sequences(self) -> SequenceBatch:
+        """Device arrays for supervised steps (demonstrations, RFT)."""
+        return self.to_rollout().seq
+
+
+def check_trajectory(t: TrajectoryLike, max_seq_len: int) -> str | None:
+    """The reason a trajectory is refused, or None when it is usable."""
+    n = len(t.tokens)
+    mask = np.asarray(t.loss_mask)
+    if n > max_seq_len:
+        return "too_long"
+    if not mask.any():
+        return "no_policy_tokens"
+    if mask[0]:
+        return "policy_token_at_start"
+    if not np.all(np.isfinite(np.asarray(t.behaviour_logprobs)[mask > 0])):
+        return "bad_logprobs"
+    return None
+
+
+def pack_trajectories(
+    trajectories: Sequence[TrajectoryLike],
+    max_seq_len: int,
+    rows_multiple: int = 1,
+    pack: bool = True,
+) -> tuple[PackedBatch, list[tuple[str, str]]]:
+    """Lay out trajectories in `[N, max_seq_len]` rows (module docstring). Returns the batch and the refused
+    trajectories as (episode_id, reason). Raises ValueError when nothing is usable."""
+    refused: list[tuple[str, str]] = []
+    ok: list[TrajectoryLike] = []
+    for t in trajectories:
+        reason = check_trajectory(t, max_seq_len)
+        if reason is None:
+            ok.append(t)
+        else:
+            refused.append((t.episode_id, reason))
+    if not ok:
+        raise ValueError(f"no usable trajectory among {len(trajectories)} (refused: {refused[:5]})")
+
+    # rows: list of [used length, next segment id]; placement per trajectory (in input order)
+    placement: list[tuple[int, int]] = [(-1, -1)] * len(ok)
+    rows: list[int] = []
+    order = sorted(range(len(ok)), key=lambda i: -len(ok[i].tokens)) if pack else range(len(ok))
+    for i in order:
+        n = len(ok[i].tokens)
+        row = -1
+        if pack:
+            for r, used in enumerate(rows):
+                if used + n <= max_seq_len:
+                    row = r
+                    break
+        if row < 0:
+            rows.append(0)
+            row = len(rows) - 1
+        placement[i] = (row, rows[row])
+        rows[row] += n
+
+    n_rows = -(-len(rows) // rows_multiple) * rows_multiple
+    shape = (n_rows, max_seq_len)
+    tokens = np.zeros(shape, np.int32)
+    positions = np.zeros(shape, np.int32)
+    segs = np.zeros(shape, np.int32)
+    mask = np.zeros(shape, np.float32)
+    behav = np.zeros(shape, np.float32)
+    rewards = np.zeros(shape, np.float32)
+    next_seg = [1] * n_rows
+    # fill in row order so that segment ids increase left to right
+    for i in sorted(range(len(ok)), key=lambda i: placement[i]):
+        t = ok[i]
+        row, start = placement[i]
+        n = len(t.tokens)
+        sl = slice(start, start + n)
+        m = np.asarray(t.loss_mask) > 0
+        tokens[row, sl] = t.tokens
+        positions[row, sl] = np.arange(n, dtype=np.int32)
+        segs[row, sl] = next_seg[row]
+        next_seg[row] += 1
+        mask[row, sl] = m
+        behav[row, sl] = np.where(m, t.behaviour_logprobs, 0.0)
+        last = start + int(np.nonzero(m)[0][-1])
+        rewards[row, last] = float(t.reward)
+    batch = PackedBatch(
+        tokens, positions, segs, mask, behav, rewards,
+        episode_ids=[t.episode_id for t in ok],
+        placement=placement,
+        final_rewards=np.asarray([float(t.reward) for t in ok], np.float32),
+        policy_versions=np.asarray([int(t.policy_version) for t in ok], np.int64),
+    )
+    return batch, refused
+
+
+def reward_stats(rewards: np.ndarray, prefix: str = "reward") -> dict[str, Any]:
+    """Mean / std / min / max of final rewards and the count of each milestone value (-1, 0, 1, 2, 3)."""
+    r = np.asarray(rewards, np.float64)
+    out: dict[str, Any] = {
+        f"{prefix}/mean": float(r.mean()),
+        f"{prefix}/std": float(r.std()),
+        f"{prefix}/min": float(r.min()),
+        f"{prefix}/max": float(r.max()),
+        f"{prefix}/count": int(r.size),
+    }
+    for v in (-1, 0, 1, 2, 3):
+        out[f"{prefix}/frac_{v}".replace("-", "neg")] = float(np.mean(r == v))
+    return out
