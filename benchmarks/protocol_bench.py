@@ -12,8 +12,8 @@ Cases, all over tcp://127.0.0.1 between separate processes:
                pyzmq: ROUTER answers a 4-byte chunk index with the chunk (copy=False), the DEALER keeps every
                received frame (copy=False); no msgpack, no checksum. "raw (discard)" drops each frame on
                arrival: it is the link's ceiling, not a receiver that ends up holding the weights.
-               GB/s = N x bytes / (last actor done - first actor started); best of --repeats runs, raw and ours
-               interleaved. `ratio` = ours / raw (keep). Receiver memory: peak RSS (ru_maxrss) of an actor
+               GB/s = N x bytes / (last actor done - first actor started); best of --repeats runs (default 5),
+               raw and ours interleaved. `ratio` = ours / raw (keep). Receiver memory: peak RSS (ru_maxrss) of an actor
                process minus its RSS just before the fetch.
   trajectories 8,192-token trajectories (tokens int32, behaviour logprobs float32, loss mask uint8) from 2 actor
                processes through TrajectoryOutbox -> TrajectoryReceiver with the fsync'd spool on local disk:
@@ -291,7 +291,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="runs per weights case (best is kept)")
     args = ap.parse_args()
     total = (64 << 20) if args.quick else (1 << 30)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or (1 if args.quick else 5)
     count = 500 if args.quick else 5000
     kinds = ("raw_keep", "ours") if args.quick else ("raw_keep", "ours", "raw_discard")
 
@@ -324,7 +324,8 @@ def main() -> None:
                str(traj["batches"]))
     console.print(t2)
     for r in rows:
-        print(f"weights x{r['subscribers']}: ratio {r['ratio']:.2f}")
+        print(f"weights x{r['subscribers']}: ratio {r['ratio']:.2f}  (receiver CPU ratio raw/ours "
+              f"{r['cpu_raw'] / r['cpu_ours']:.2f})")
     print(f"total {time.time() - t0:.1f} s")
 
 

@@ -345,7 +345,8 @@ class WeightsFetcher:
         after three such rounds in a row.
       max_chunk_bytes: largest chunk accepted (also the socket's ZMQ_MAXMSGSIZE).
       max_total_bytes: largest version accepted (memory bound).
-      verify_workers: threads that check crc32 and copy chunks while the next ones arrive.
+      verify_workers: threads that check CRC-32s and join chunks while the next ones arrive (0: do it in
+        the calling thread).
       curve: CURVE client keys.
 
     Counters in `stats`: fetches, chunks, bytes, crc_failures, rerequests, restarts, bad_replies.
@@ -359,7 +360,8 @@ class WeightsFetcher:
         self.timeout_s = timeout_s
         self.max_total_bytes = max_total_bytes
         self._spare: dict[int, list[np.ndarray]] = {}  # recycled buffers by size
-        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, verify_workers), thread_name_prefix="weights-check")
+        self._pool = (concurrent.futures.ThreadPoolExecutor(verify_workers, thread_name_prefix="weights-check")
+                      if verify_workers > 0 else None)
         self.limits = fetch_limits(max_chunk_bytes)
         self.stats = collections.Counter({k: 0 for k in ("fetches", "chunks", "bytes", "crc_failures",
                                                          "rerequests", "restarts", "bad_replies")})
@@ -495,8 +497,13 @@ class WeightsFetcher:
             start, stop = manifest.chunk_range(msg.index)
             if msg.index in plan.keep:
                 kept[msg.index] = msg.data
-            checking[self._pool.submit(_check_and_place, msg.data, stop - start, manifest.chunk_crc32[msg.index],
-                                       plan.pieces[msg.index], joined)] = msg.index
+            args = (msg.data, stop - start, manifest.chunk_crc32[msg.index], plan.pieces[msg.index], joined)
+            if self._pool is None:  # check in this thread
+                fut: concurrent.futures.Future = concurrent.futures.Future()
+                fut.set_result(_check_and_place(*args))
+            else:
+                fut = self._pool.submit(_check_and_place, *args)
+            checking[fut] = msg.index
         tensors = {}
         for t, name in enumerate(manifest.names):
             dtype, shape = DTYPES[manifest.dtypes[t]], manifest.shapes[t]
@@ -525,7 +532,8 @@ class WeightsFetcher:
                 log.warning("weights fetcher %s: bad reply: %s", self.actor_id, e)
 
     def close(self) -> None:
-        self._pool.shutdown()
+        if self._pool is not None:
+            self._pool.shutdown()
         self._sock.close(0)
         self._ctx.term()
 

@@ -50,10 +50,10 @@ def servers():
 
 def test_call_and_hello(servers):
     a = servers(answering("A"), "A")
-    with RpcClient([a.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
+    with RpcClient([a.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=40) as c:
         r = c.call(job(1), timeout_s=5)
         assert (r.job_id, r.node_id, r.status) == ("job-1", "A", "ok")
-        assert c.wait_connected(5)
+        assert c.wait_connected(20)
         assert c.server_hello(a.endpoint).capabilities == {"formats": ["cpu"], "gpus": 0}
         futures = [c.submit(job(i), timeout_s=5) for i in range(100)]
         assert sorted(f.result().job_id for f in futures) == sorted(f"job-{i}" for i in range(100))
@@ -62,8 +62,8 @@ def test_call_and_hello(servers):
 
 def test_timeout_resends_to_another_endpoint(servers):
     a, b = servers(silent, "A"), servers(answering("B"), "B")
-    with RpcClient([a.endpoint, b.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
-        assert c.wait_connected(5)  # both connected: the first endpoint, A, gets the request
+    with RpcClient([a.endpoint, b.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=40) as c:
+        assert c.wait_connected(20)  # both connected: the first endpoint, A, gets the request
         r = c.call(job(1), timeout_s=0.5, attempts=3)
         assert r.node_id == "B"
         assert c.stats["timeouts"] == 1 and c.stats["resends"] == 1
@@ -74,8 +74,8 @@ def test_a_dead_endpoint_is_detected_by_heartbeats_and_its_requests_move(servers
     a_calls = []
     a = servers(lambda req: a_calls.append(req) or None, "A")  # takes the job, then dies
     b = servers(answering("B"), "B")
-    with RpcClient([a.endpoint, b.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=3) as c:
-        assert c.wait_connected(5)
+    with RpcClient([a.endpoint, b.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=5) as c:
+        assert c.wait_connected(20)
         future = c.submit(job(1), timeout_s=60)  # far longer than the heartbeat liveness
         deadline = time.monotonic() + 5
         while not a_calls and time.monotonic() < deadline:
@@ -91,8 +91,8 @@ def test_a_dead_endpoint_is_detected_by_heartbeats_and_its_requests_move(servers
 def test_busy_goes_elsewhere_and_all_busy_waits(servers):
     busy = servers(lambda req: Error(code="busy", request_id=req.message.job_id, retry_after_s=0.2), "busy")
     b = servers(answering("B"), "B")
-    with RpcClient([busy.endpoint, b.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
-        assert c.wait_connected(5)
+    with RpcClient([busy.endpoint, b.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=40) as c:
+        assert c.wait_connected(20)
         assert c.call(job(1), timeout_s=5).node_id == "B"
         assert c.stats["busy"] == 1
     state = {"n": 0}
@@ -104,7 +104,7 @@ def test_busy_goes_elsewhere_and_all_busy_waits(servers):
         return SandboxResult(req.message.job_id, "ok", {}, "C")
 
     c_srv = servers(busy_twice, "C")
-    with RpcClient([c_srv.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
+    with RpcClient([c_srv.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=40) as c:
         assert c.call(job(2), timeout_s=5, attempts=1).node_id == "C"  # busy replies use up no try
         assert c.stats["busy"] == 2
 
@@ -116,7 +116,7 @@ def test_errors_and_timeouts_surface(servers):
         return Error(code="not_found", request_id=req.message.job_id, message="no such task")
 
     a = servers(failing, "A")
-    with RpcClient([a.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
+    with RpcClient([a.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=40) as c:
         with pytest.raises(RpcError) as e:
             c.call(job(1), timeout_s=5)
         assert e.value.error.code == "not_found"
@@ -127,7 +127,7 @@ def test_errors_and_timeouts_surface(servers):
             c.call(job(3), timeout_s=5)
     assert a.stats["handler_errors"] == 1
     s = servers(silent, "S")
-    with RpcClient([s.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
+    with RpcClient([s.endpoint], expect=(SandboxResult,), heartbeat_s=0.1, liveness=40) as c:
         with pytest.raises(RpcTimeout):
             c.call(job(4), timeout_s=0.3, attempts=2)
         assert c.stats["timeouts"] == 2
@@ -139,7 +139,7 @@ def test_deferred_reply_from_another_thread(servers):
         return None
 
     a = servers(later, "A")
-    with RpcClient([a.endpoint], expect=(SandboxResult,), heartbeat_s=0.05) as c:
+    with RpcClient([a.endpoint], expect=(SandboxResult,), heartbeat_s=0.05, liveness=40) as c:
         futures = [c.submit(job(i), timeout_s=5) for i in range(20)]
         assert all(f.result().status == "ok" for f in futures)
 

@@ -190,7 +190,8 @@ def test_retired_chunk_buffers_are_reused_only_after_zeromq_released_them():
         assert tensors_digest(fetcher.fetch().tensors) == tensors_digest(version_tensors(3, 1))
 
 
-def test_a_corrupted_chunk_is_caught_by_its_crc32_and_fetched_again():
+@pytest.mark.parametrize("verify_workers", [0, 2])
+def test_a_corrupted_chunk_is_caught_by_its_crc32_and_fetched_again(verify_workers):
     """A publisher (hand-driven ROUTER) whose first send of chunk 1 has a flipped bit."""
     tensors = {"w": np.arange(3000, dtype=np.float32)}
     offsets, total = plan_layout(tensors)
@@ -222,7 +223,7 @@ def test_a_corrupted_chunk_is_caught_by_its_crc32_and_fetched_again():
     t = threading.Thread(target=serve)
     t.start()
     try:
-        with WeightsFetcher(f"tcp://127.0.0.1:{port}", credit=2, timeout_s=5) as f:
+        with WeightsFetcher(f"tcp://127.0.0.1:{port}", credit=2, timeout_s=5, verify_workers=verify_workers) as f:
             update = f.fetch()
             assert f.stats["crc_failures"] == 1
             assert update.tensors["w"].tobytes() == tensors["w"].tobytes()
