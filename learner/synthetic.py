@@ -27,6 +27,7 @@ from flax import nnx
 
 from learner import ppo
 from learner.train_step import RolloutBatch, SequenceBatch, TrainState
+from protocol.trajectory import Trajectory
 
 BOS, OBS, FIRST_SYMBOL = 1, 2, 3
 ANSWER1, ANSWER2 = 8, 16
@@ -79,3 +80,33 @@ def sample_rollout(state: TrainState, key: jax.Array, batch: int, task: Syntheti
     positions = jnp.broadcast_to(jnp.arange(LENGTH, dtype=jnp.int32), (batch, LENGTH))
     seq = SequenceBatch(tokens, positions, jnp.ones((batch, LENGTH), jnp.int32), jnp.asarray(mask))
     return RolloutBatch(seq, logprobs, token_rewards), reward
+
+
+def to_trajectories(rollout: RolloutBatch, rewards, policy_version: int = 0, prefix: str = "syn") -> list[Trajectory]:
+    """The episodes of a sampled rollout as protocol trajectories (what actors send)."""
+    tokens = np.asarray(rollout.seq.tokens)
+    logprobs = np.asarray(rollout.behaviour_logprobs)
+    mask = np.asarray(rollout.seq.loss_mask).astype(np.uint8)
+    rewards = np.asarray(rewards)
+    return [
+        Trajectory(episode_id=f"{prefix}-{policy_version}-{i}", task_id="synthetic", actor_id="synthetic",
+                   policy_version=policy_version, tokens=tokens[i], behaviour_logprobs=logprobs[i],
+                   loss_mask=mask[i], turn_boundaries=np.asarray([2, 6], np.int32), reward=float(rewards[i]),
+                   episode_stats={"turns": 2})
+        for i in range(tokens.shape[0])
+    ]
+
+
+def demonstrations(n: int, seed: int = 0, task: SyntheticTask = SyntheticTask(), prefix: str = "demo") -> list[Trajectory]:
+    """`n` correct episodes (reward 1): the data of a supervised warm start (stage 0)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p, o = (int(x) for x in rng.integers(FIRST_SYMBOL, FIRST_SYMBOL + task.n_symbols, 2))
+        tokens = np.asarray([BOS, p, p + ANSWER1, p + ANSWER1, OBS, o, o + ANSWER2, o + ANSWER2], np.int32)
+        mask = np.zeros(LENGTH, np.uint8)
+        mask[list(POLICY_POSITIONS)] = 1
+        out.append(Trajectory(episode_id=f"{prefix}-{i}", task_id="synthetic", actor_id="demo", policy_version=0,
+                              tokens=tokens, behaviour_logprobs=np.zeros(LENGTH, np.float32), loss_mask=mask,
+                              turn_boundaries=np.asarray([2, 6], np.int32), reward=1.0, episode_stats={"turns": 2}))
+    return out

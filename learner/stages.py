@@ -1,0 +1,177 @@
+"""The paper's training stages, learner side (arXiv 2602.24286, Section 3; the main job runs them with actors).
+
+  0 warm_start       supervised training of the actor on demonstrations (small models trained from scratch):
+                     `sft_epochs` on the loss-mask (assistant) tokens.
+  1 single_turn_ppo  PPO warm-up on one-turn episodes: `ppo_update` on trajectories within
+                     `StageConfig.single_turn_max_turns` (`filter_turn_limit`).
+  2 rft              rejection-sampling fine-tuning: the warm-up's trajectories with final reward >=
+                     `StageConfig.rft_reward_threshold` (`rft_select`), then `sft_epochs` on them.
+  3 value_pretrain   the critic regresses the Monte-Carlo returns of those trajectories (`value_pretrain`),
+                     so agentic PPO starts with a useful baseline.
+  4 multi_turn_ppo   agentic PPO over episodes of up to `multi_turn_max_turns` turns and
+                     `max_context_tokens` tokens.
+
+Each stage's trajectories are kept on disk (`StageStore`, one durable protocol spool per stage), so RFT and
+value pre-training read the warm-up's trajectories after a restart too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from learner import ppo, sharding
+from learner.batch import PackedBatch
+from learner.config import STAGES, PPOConfig
+from learner.train_step import CriticBatch, SequenceBatch, TrainState, critic_train_step, critic_values, sft_train_step
+from protocol.codec import encode
+from protocol.spool import SpoolPosition, TrajectorySpool
+from protocol.trajectory import Trajectory
+
+
+def check_stage(stage: str) -> str:
+    """Raises ValueError naming the allowed stages when `stage` is not one of them."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+    return stage
+
+
+class StageStore:
+    """Trajectories of each stage on disk: `<root>/<stage>/` is a `protocol.spool.TrajectorySpool`
+    (fsync'd appends, duplicates by episode id refused)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._spools: dict[str, TrajectorySpool] = {}
+
+    def spool(self, stage: str) -> TrajectorySpool:
+        check_stage(stage)
+        if stage not in self._spools:
+            self._spools[stage] = TrajectorySpool(self.root / stage)
+        return self._spools[stage]
+
+    def add(self, stage: str, trajectories: Sequence[Trajectory]) -> int:
+        """Append the trajectories not yet stored for `stage`; returns how many were new."""
+        sp = self.spool(stage)
+        fresh, seen = [], set()
+        for t in trajectories:
+            if t.episode_id in sp or t.episode_id in seen:
+                continue
+            seen.add(t.episode_id)
+            fresh.append((t.episode_id, encode(t)))
+        sp.append(fresh)
+        return len(fresh)
+
+    def read_all(self, stage: str) -> list[Trajectory]:
+        sp = self.spool(stage)
+        out: list[Trajectory] = []
+        pos = SpoolPosition()
+        while True:
+            got, pos = sp.read(pos, max_records=1024)
+            if not got:
+                return out
+            out.extend(got)
+
+    def close(self) -> None:
+        for sp in self._spools.values():
+            sp.close()
+        self._spools.clear()
+
+
+def turn_count(t: Trajectory) -> int:
+    """Assistant turns of a trajectory: `episode_stats["turns"]` when the actor reported it, else the number
+    of contiguous policy-token spans."""
+    turns = t.episode_stats.get("turns") if t.episode_stats else None
+    if isinstance(turns, int):
+        return turns
+    m = np.asarray(t.loss_mask) > 0
+    return int(np.count_nonzero(m[1:] & ~m[:-1]) + int(m[0]))
+
+
+def filter_turn_limit(trajs: Sequence[Trajectory], max_turns: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(trajectories within the turn limit, those over it)."""
+    ok = [t for t in trajs if turn_count(t) <= max_turns]
+    over = [t for t in trajs if turn_count(t) > max_turns]
+    return ok, over
+
+
+def rft_select(trajs: Sequence[Trajectory], reward_threshold: float) -> list[Trajectory]:
+    """Rejection sampling: the trajectories whose final reward is at least `reward_threshold`."""
+    return [t for t in trajs if float(t.reward) >= reward_threshold]
+
+
+def minibatch_indices(n_rows: int, minibatch: int, key: jax.Array, epochs: int = 1) -> Iterator[np.ndarray]:
+    """Shuffled row indices, `minibatch` at a time, for `epochs` passes (n_rows a multiple of minibatch)."""
+    if n_rows % minibatch:
+        raise ValueError(f"{n_rows} rows is not a multiple of the minibatch size {minibatch}")
+    for _ in range(epochs):
+        key, sub = jax.random.split(key)
+        perm = np.asarray(jax.random.permutation(sub, n_rows))
+        for i in range(0, n_rows, minibatch):
+            yield perm[i : i + minibatch]
+
+
+def _micro_rows(tree, idx: np.ndarray, micro: int, mesh: Mesh | None):
+    out = jax.tree.map(lambda x: np.asarray(x)[idx].reshape((len(idx) // micro, micro) + x.shape[1:]), tree)
+    return sharding.shard_batch(out, mesh, row_axis=1) if mesh is not None else jax.tree.map(jax.numpy.asarray, out)
+
+
+def _mean_metrics(rows: list[dict]) -> dict[str, float]:
+    rows = jax.device_get(rows)
+    return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]} if rows else {}
+
+
+def sft_epochs(
+    policy: TrainState, data: PackedBatch, key: jax.Array, epochs: int = 1, mesh: Mesh | None = None
+) -> tuple[TrainState, dict[str, float]]:
+    """Supervised fine-tuning (stages 0 and 2) on the loss-mask tokens of `data` for `epochs` passes of
+    shuffled minibatches (`policy.ppo.minibatch_size` rows, `microbatch_size` per pass). Returns the new
+    state and the metrics averaged over the steps (`sft/nll`, `sft/accuracy`, ...)."""
+    cfg = policy.ppo
+    seq = SequenceBatch(data.tokens, data.positions, data.segment_ids, data.loss_mask)
+    rows = []
+    for idx in minibatch_indices(data.num_rows, cfg.minibatch_size, key, epochs):
+        policy, m = sft_train_step(policy, _micro_rows(seq, idx, cfg.microbatch_size, mesh))
+        rows.append(m)
+    return policy, _mean_metrics(rows)
+
+
+def monte_carlo_returns(data: PackedBatch, gamma: float) -> np.ndarray:
+    """Discounted returns `[N, L]` f32 of each policy token (sum of later rewards, gamma per policy token,
+    observation tokens skipped): GAE with lambda = 1 and zero values."""
+    _, ret = ppo.gae(data.rewards, np.zeros_like(data.rewards), data.loss_mask, gamma, 1.0, data.segment_ids)
+    return np.asarray(ret)
+
+
+def value_pretrain(
+    critic: TrainState, data: PackedBatch, key: jax.Array, steps: int, mesh: Mesh | None = None
+) -> tuple[TrainState, dict[str, float]]:
+    """Stage 3: `steps` critic updates regressing the Monte-Carlo returns of `data` (unclipped value loss),
+    cycling over shuffled minibatches. Returns the new state (with its original PPO config) and the
+    metrics averaged over the last pass, plus `value_pretrain/explained_variance` after training."""
+    cfg: PPOConfig = critic.ppo
+    state = critic.replace(ppo=dataclasses.replace(cfg, value_clip_eps=None))
+    returns = monte_carlo_returns(data, cfg.gamma)
+    seq = SequenceBatch(data.tokens, data.positions, data.segment_ids, data.loss_mask)
+    full = CriticBatch(seq, returns, np.zeros_like(returns))
+    rows: list[dict] = []
+    done = 0
+    while done < steps:
+        key, sub = jax.random.split(key)
+        rows = []
+        for idx in minibatch_indices(data.num_rows, cfg.minibatch_size, sub, 1):
+            if done >= steps:
+                break
+            state, m = critic_train_step(state, _micro_rows(full, idx, cfg.microbatch_size, mesh))
+            rows.append(m)
+            done += 1
+    metrics = _mean_metrics(rows)
+    all_rows = np.arange(data.num_rows)
+    values = critic_values(state, _micro_rows(seq, all_rows, cfg.microbatch_size, mesh)).reshape(returns.shape)
+    metrics["value_pretrain/explained_variance"] = float(ppo.explained_variance(values, returns, data.loss_mask))
+    return state.replace(ppo=cfg), metrics

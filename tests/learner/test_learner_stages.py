@@ -1,0 +1,94 @@
+"""The stages on the learner side: warm start on demonstrations, RFT selection, value pre-training, the per-stage
+trajectory store on disk, turn limits; and the metrics files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _tiny_models import TINY  # noqa: E402
+
+from learner import stages, synthetic  # noqa: E402
+from learner import train_step as ts  # noqa: E402
+from learner.batch import pack_trajectories  # noqa: E402
+from learner.config import OptimizerConfig, PPOConfig  # noqa: E402
+from learner.metrics import MetricsLogger, read_jsonl  # noqa: E402
+from learner.model import Critic, Transformer  # noqa: E402
+
+CFG = PPOConfig(minibatch_size=16, microbatch_size=16, logits_chunk_size=0, gamma=1.0, lam=1.0)
+OPT = OptimizerConfig(lr=1e-2, warmup_steps=0)
+
+
+def test_warm_start_on_demonstrations_then_rft_and_value_pretraining(tmp_path):
+    store = stages.StageStore(tmp_path / "stages")
+    # stage 0: supervised warm start on 64 demonstrations (correct two-turn episodes)
+    demos = synthetic.demonstrations(64, seed=0)
+    assert store.add("warm_start", demos) == 64 and store.add("warm_start", demos[:5]) == 0
+    policy = ts.create_train_state(Transformer(TINY, nnx.Rngs(0)), OPT, CFG)
+    data, refused = pack_trajectories(store.read_all("warm_start"), max_seq_len=synthetic.LENGTH, rows_multiple=16, pack=False)
+    assert not refused and data.num_rows == 64
+    rollout0, r0 = synthetic.sample_rollout(policy, jax.random.key(1), 64)
+    policy, m = stages.sft_epochs(policy, data, jax.random.key(0), epochs=15)
+    rollout, r1 = synthetic.sample_rollout(policy, jax.random.key(2), 64)
+    assert float(np.mean(r0)) < 0.2 and float(np.mean(r1)) > 0.6, (np.mean(r0), np.mean(r1), m)
+
+    # the warm-up's trajectories go to disk; RFT keeps those at or above the threshold
+    warm = synthetic.to_trajectories(rollout, r1, policy_version=1)
+    store.add("single_turn_ppo", warm)
+    store.close()
+    store = stages.StageStore(tmp_path / "stages")  # after a restart
+    back = store.read_all("single_turn_ppo")
+    assert [t.episode_id for t in back] == [t.episode_id for t in warm]
+    np.testing.assert_array_equal(back[7].tokens, warm[7].tokens)
+    kept = stages.rft_select(back, reward_threshold=0.75)
+    assert kept and all(t.reward >= 0.75 for t in kept) and len(kept) == int(np.sum(np.asarray(r1) >= 0.75))
+
+    # stage 3: the critic learns the returns of the stored episodes (the warm-up's plus the untrained
+    # policy's, so that returns vary: 0 ... 1 by how many of the visible answers are right)
+    critic = ts.create_train_state(Critic(TINY, nnx.Rngs(1)), OPT, CFG)
+    mixed = back + synthetic.to_trajectories(rollout0, r0, policy_version=0)
+    vdata, _ = pack_trajectories(mixed, max_seq_len=synthetic.LENGTH, rows_multiple=16, pack=False)
+    _, before = stages.value_pretrain(critic, vdata, jax.random.key(3), steps=0)
+    critic2, vm = stages.value_pretrain(critic, vdata, jax.random.key(3), steps=80)
+    assert before["value_pretrain/explained_variance"] < 0.05
+    assert vm["value_pretrain/explained_variance"] > 0.4, vm
+    assert critic2.ppo == CFG and int(critic2.step) == 80
+    store.close()
+
+
+def test_turn_limits_and_stage_names():
+    demos = synthetic.demonstrations(3)
+    assert stages.turn_count(demos[0]) == 2
+    no_stats = dataclasses.replace(demos[0], episode_stats={})
+    assert stages.turn_count(no_stats) == 2  # two policy spans in the mask
+    ok, over = stages.filter_turn_limit(demos, max_turns=1)
+    assert ok == [] and len(over) == 3
+    with pytest.raises(ValueError, match="stages are"):
+        stages.check_stage("pretraining")
+    with pytest.raises(ValueError, match="multiple of the minibatch"):
+        list(stages.minibatch_indices(10, 4, jax.random.key(0)))
+
+
+def test_metrics_jsonl_and_tensorboard(tmp_path):
+    with MetricsLogger(tmp_path / "m") as log:
+        log.log(1, {"ppo/policy_loss": 0.5, "ppo/approx_kl": float("nan"), "learner/stage": "multi_turn_ppo"},
+                histograms={"reward/final": np.array([-1, 0, 3, 3])})
+        log.log(2, {"ppo/policy_loss": np.float32(0.25), "reward/count": np.int64(4)})
+    rows = read_jsonl(tmp_path / "m" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["ppo/approx_kl"] is None and rows[0]["learner/stage"] == "multi_turn_ppo"
+    assert rows[1]["ppo/policy_loss"] == 0.25 and rows[1]["reward/count"] == 4
+    events = list((tmp_path / "m" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 100
+    json.dumps(rows)  # strict JSON (no NaN)
+    off = MetricsLogger(tmp_path / "off", enabled=False)
+    off.log(1, {"x": 1.0})
+    assert not (tmp_path / "off").exists()
