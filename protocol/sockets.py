@@ -53,7 +53,13 @@ def send_message(sock: zmq.Socket, msg: Message, *, envelope: Sequence[Any] = ()
     when the peer's queue is full (nothing of the message is sent then: ZeroMQ queues multipart messages
     atomically).
     """
-    frames = [*envelope, *encode(msg, split_bytes=split_bytes)]
+    return send_frames(sock, encode(msg, split_bytes=split_bytes), envelope=envelope, flags=flags, track=track)
+
+
+def send_frames(sock: zmq.Socket, message_frames: Sequence[Any], *, envelope: Sequence[Any] = (), flags: int = 0,
+                track: bool = False) -> zmq.MessageTracker | None:
+    """Send `envelope` then already encoded frames (from `protocol.codec.encode`), as `send_message` does."""
+    frames = [*envelope, *message_frames]
     trackers = []
     last = len(frames) - 1
     for i, frame in enumerate(frames):

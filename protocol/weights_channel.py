@@ -34,10 +34,10 @@ import numpy as np
 import zmq
 
 from protocol.auth import CurveClient, CurveServer
-from protocol.codec import DTYPES, Limits, decode, dtype_name
+from protocol.codec import DTYPES, Limits, decode, dtype_name, encode
 from protocol.errors import ProtocolError
 from protocol.handshake import Error, Heartbeat, Hello
-from protocol.sockets import make_socket, recv_frames, send_message
+from protocol.sockets import make_socket, recv_frames, send_frames, send_message
 from protocol.checksum import crc32
 from protocol.weights import (WeightsChunk, WeightsChunkRequest, WeightsManifest, WeightsRequest,
                               build_manifest, plan_layout)
@@ -81,7 +81,8 @@ class WeightsPublisher:
         self.publisher_id = publisher_id
         self.stats = collections.Counter({k: 0 for k in ("manifests_sent", "chunks_sent", "bytes_sent",
                                                          "bad_messages", "dropped", "gone", "not_found")})
-        self._versions: dict[int, tuple[WeightsManifest, list[np.ndarray]]] = {}
+        # version -> (manifest, chunk buffers, each chunk's encoded WeightsChunk frames)
+        self._versions: dict[int, tuple[WeightsManifest, list[np.ndarray], list[list[Any]]]] = {}
         self._newest: int | None = None
         self._lock = threading.Lock()
         self._retiring: list[np.ndarray] = []  # chunk buffers of retired versions, reusable once released
@@ -148,13 +149,14 @@ class WeightsPublisher:
 
         crcs = list(self._workers.map(fill, range(len(chunks))))
         manifest = build_manifest(version, arrays, offsets, total, cb, crcs)
+        frames = [encode(WeightsChunk(version=version, index=i, data=c)) for i, c in enumerate(chunks)]
         with self._lock:
-            self._versions[version] = (manifest, chunks)
+            self._versions[version] = (manifest, chunks, frames)
             for old in sorted(self._versions)[:-self.keep_versions]:
                 self._retiring.extend(self._versions.pop(old)[1])
             # keep at most one version's worth of full-size buffers for reuse; let the rest go
             self._retiring = [b for b in self._retiring if len(b) == cb][-len(chunks):]
-            kept = {id(b) for b in self._retiring} | {id(b) for _, bufs in self._versions.values() for b in bufs}
+            kept = {id(b) for b in self._retiring} | {id(b) for _, bufs, _ in self._versions.values() for b in bufs}
             self._trackers = {k: v for k, v in self._trackers.items() if k in kept}
             self._newest = version
         return manifest
@@ -208,8 +210,7 @@ class WeightsPublisher:
                 self.stats["bad_messages"] += 1
                 self._send(peer, Error(code="bad_message", field="WeightsChunkRequest.index",
                                        message=f"version {msg.version} has {len(entry[1])} chunks"))
-            elif self._send(peer, WeightsChunk(version=msg.version, index=msg.index, data=entry[1][msg.index]),
-                            track=entry[1][msg.index]):
+            elif self._send(peer, entry[2][msg.index], track=entry[1][msg.index]):
                 self.stats["chunks_sent"] += 1
                 self.stats["bytes_sent"] += len(entry[1][msg.index])
         elif isinstance(msg, WeightsRequest):
@@ -225,9 +226,11 @@ class WeightsPublisher:
             self._send(peer, Hello(role="publisher", id=self.publisher_id))
 
     def _send(self, peer: bytes, msg: Any, track: np.ndarray | None = None) -> bool:
-        """Send without blocking; with `track`, remember the send's tracker for that chunk buffer."""
+        """Send a message (or its encoded frames) without blocking; with `track`, remember the send's tracker
+        for that chunk buffer."""
+        frames = msg if isinstance(msg, list) else encode(msg)
         try:
-            tracker = send_message(self._sock, msg, envelope=[peer], flags=zmq.NOBLOCK, track=track is not None)
+            tracker = send_frames(self._sock, frames, envelope=[peer], flags=zmq.NOBLOCK, track=track is not None)
         except (zmq.Again, zmq.ZMQError):  # that peer's queue is full (or it left): never wait for it
             self.stats["dropped"] += 1
             return False
