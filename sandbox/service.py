@@ -17,8 +17,8 @@ Admission (in the RPC loop thread, quick):
   3. the task, format and settings are checked; a bad one gets `Error(bad_message, field=...)`;
   4. the content key, sha256 of (task, solution files, format, evaluation settings, cache salt), finds a
      finished result of the same content (answered at once) or a running one (joined);
-  5. a full queue, or an estimated wait past the job's deadline, gets `Error(busy, retry_after_s=...)`:
-     backpressure instead of memory growth;
+  5. a full queue (checked before step 3, so refusing stays cheap under overload), or an estimated wait past
+     the job's deadline, gets `Error(busy, retry_after_s=...)`: backpressure instead of memory growth;
   6. otherwise the job is queued: priority first (0 evaluation, 1+ training), then earliest deadline, then
      arrival. Its build is queued on the build pool at once.
 A slot thread takes the next job, drops it if its deadline has passed (`Error(gone)`), waits for its build,
@@ -236,9 +236,13 @@ def content_key(task: Task, files: dict[str, str], fmt: str, cfg: SandboxConfig,
     format, the evaluation settings (EVAL_SETTINGS of `cfg`) and the cache salt."""
     doc = {"v": 1, "task": {"id": task.id, "reference": task.reference, "atol": task.atol, "rtol": task.rtol,
                             "shape_params": task.shape_params, "dtype": task.dtype},
-           "files": sorted(files.items()), "format": fmt,
-           "settings": {k: getattr(cfg, k) for k in EVAL_SETTINGS}, "salt": salt}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+           "files": sorted(files), "format": fmt, "settings": {k: getattr(cfg, k) for k in EVAL_SETTINGS}, "salt": salt}
+    h = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode())
+    for path in sorted(files):  # file texts hashed piecewise: no copy of the whole solution in one string
+        data = files[path].encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
 
 
 @dataclasses.dataclass(eq=False)
@@ -402,6 +406,8 @@ class SandboxNode:
                 running.waiters.append((req, job.job_id))
                 self.metrics.cache_hit("coalesced")
                 return None
+            if self.queue.full():  # refuse before hashing the files: overload must stay cheap
+                return self._busy(job, "queue full")
         try:
             prepared = self._prepare(job)
         except BadJob as e:
@@ -426,12 +432,10 @@ class SandboxNode:
                 return None
             ready = max(1, sum(s.ready for s in self.slots))
             est_wait_s = (self.queue.ahead_of(job.priority) + self._running) / ready * self._service_s
-            if self.queue.full() or (self._service_s > 0 and est_wait_s > job.deadline_s):
-                self.metrics.rejected_job("busy")
-                retry = max(self.cfg.busy_retry_after_s, min(5.0, self._service_s / ready))
-                why = "queue full" if self.queue.full() else f"estimated wait {est_wait_s:.0f} s > deadline"
-                return Error(code="busy", message=f"{why} ({len(self.queue)}/{self.cfg.queue_max} queued)",
-                             request_id=job.job_id, retry_after_s=retry)
+            if self.queue.full():
+                return self._busy(job, "queue full")
+            if self._service_s > 0 and est_wait_s > job.deadline_s:
+                return self._busy(job, f"estimated wait {est_wait_s:.0f} s > deadline {job.deadline_s:.0f} s")
             payload = prepared[0]
             entry = QueuedJob(key=key, priority=job.priority, deadline=time.monotonic() + job.deadline_s,
                               payload=payload, waiters=[(req, job.job_id)])
@@ -443,6 +447,14 @@ class SandboxNode:
             self.metrics.set_queue(self.queue.depth_by_priority())
             self._cv.notify()
         return None
+
+    def _busy(self, job: SandboxJob, why: str) -> Error:
+        """The backpressure answer (hold the lock)."""
+        self.metrics.rejected_job("busy")
+        ready = max(1, sum(s.ready for s in self.slots))
+        retry = max(self.cfg.busy_retry_after_s, min(5.0, self._service_s / ready))
+        return Error(code="busy", message=f"{why} ({len(self.queue)}/{self.cfg.queue_max} queued)",
+                     request_id=job.job_id, retry_after_s=retry)
 
     def _prepare(self, job: SandboxJob) -> tuple[_Job, str]:
         try:

@@ -54,7 +54,8 @@ DEFAULT_CORPUS = REPO_ROOT / "tests" / "data" / "corpus"
 DEFAULT_HOSTILE = REPO_ROOT / "tests" / "service" / "data" / "hostile"
 KINDS = ("fast", "slow", "wrong", "crash", "hang", "hostile")
 DEFAULT_MIX = {"fast": 0.45, "slow": 0.15, "wrong": 0.15, "crash": 0.1, "hang": 0.05, "hostile": 0.1}
-HIST_STAGES = ("queue", "prebuild", "build", "reference", "load", "verify", "profile", "total", "node")
+HIST_STAGES = ("queue", "prebuild", "build", "reference", "candidate_start", "load", "verify", "profile",
+               "timing_lock_wait", "total", "node")
 _MAX_US = 24 * 3600 * 10**6
 
 

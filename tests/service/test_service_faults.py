@@ -36,10 +36,13 @@ def test_worker_killed_mid_job_is_replaced_and_a_poisoned_job_is_answered(tmp_pa
             # 1. killed once mid-job: the job goes back to the queue and runs again on the new worker
             fut = c.submit(job(sols["slow"], salt=uuid.uuid4().hex, settings=dict(QUICK, reps=30)))
             pid = _running_pid(c, node.endpoint, set())
-            time.sleep(0.3)
+            queued = [c.submit(job(sols[k], salt=uuid.uuid4().hex)) for k in ("fast", "wrong")]
+            wait_until(lambda: node_status(c, node.endpoint)["queued"] == 2, 10, "two jobs queued behind it")
             os.kill(pid, signal.SIGKILL)
             res = fut.result(timeout=180)
             assert res.status == "ok" and res.result["reward"] >= 0, res.result["message"]
+            # the queue survived the loss: the jobs behind it ran on the new worker
+            assert [f.result(timeout=180).status for f in queued] == ["ok", "incorrect"]
             assert any("died mid-job (killed by SIGKILL)" in ln and "worker replaced" in ln for ln in res.result["log"])
             st = wait_until(lambda: (s := node_status(c, node.endpoint))["counts"].get("worker_restarts") and s, 10,
                             "the restart in the node's counters")

@@ -233,3 +233,24 @@ def test_rpc_status_failure_does_not_stop_heartbeats():
         assert srv.stats["heartbeats"] >= 3
     finally:
         srv.close()
+
+
+def test_rpc_client_resends_to_another_endpoint_when_one_does_not_answer():
+    silent = RpcServer("tcp://127.0.0.1:0", lambda r: None, expect=(SandboxJob,), server_id="silent",
+                       status=lambda: {"free": 100}).start()  # takes every job, answers none
+    answering = _echo_server(1)
+    sol = corpus()["fast"]
+    try:
+        with RpcClient([silent.endpoint, answering.endpoint], expect=(SandboxResult,), heartbeat_s=0.1) as c:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not all(v["status"] for v in c.endpoint_status().values()):
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            res = c.submit(SandboxJob(job_id="j", task=sol.task, files=sol.files, format="cpu"), timeout_s=0.5,
+                           attempts=3).result(10)
+            assert res.node_id == "1" and c.stats["resends"] == 1 and c.stats["timeouts"] == 1
+            assert 0.5 <= time.monotonic() - t0 < 3
+        assert silent.stats["requests"] == 1
+    finally:
+        silent.close()
+        answering.close()
