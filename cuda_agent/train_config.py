@@ -180,6 +180,8 @@ class EvalSpec:
 
     every_updates: int = 0
     """Also evaluate every N PPO updates inside stages 1 and 4 (0 = only at stage ends)."""
+    initial: bool = False
+    """Also evaluate the initial policy before stage 0 (a from-scratch model scores -1 everywhere)."""
     samples_per_task: int = 1
     mode: str = "single_turn"
     """How evaluation episodes run: "single_turn" (one reply holds the solution) or "multi_turn"."""

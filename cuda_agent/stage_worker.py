@@ -1,0 +1,279 @@
+"""The learner process of the offline stages (no actors): 0 warm start, 2 RFT, 3 value pre-training.
+
+    python -m cuda_agent.stage_worker --run-dir RUN --stage warm_start --init POLICY_DIR --out OUT_DIR
+
+It loads the run's config (RUN/config.yaml), the policy (and critic) from Hugging Face folders, builds its data,
+runs the steps of its stage with the learner's jitted steps (learner.train_step / learner.stages), and writes the
+result as a Hugging Face folder OUT_DIR (the policy; the critic under OUT_DIR/critic) for the next stage, the
+actors and the evaluations. Data per stage:
+
+  warm_start      the training tasks' demonstrations (tasks.demos) rendered as single-turn and multi-turn chats
+                  (cuda_agent.corpus.demo_messages); loss on the assistant tokens only
+  rft             the single-turn PPO stage's trajectories with final reward >= stages.rft.reward_threshold
+                  (learner.stages.rft_select), read from the learner's stage store (--store)
+  value_pretrain  the critic regresses the Monte-Carlo returns of all of that stage's trajectories (mixed
+                  rewards give the baseline something to learn; learner.stages.value_pretrain)
+
+Budgets: `steps` optimiser steps or `time_budget_s`, whichever comes first. Progress: one JSON line per step in
+RUN/learner/<stage>/metrics.jsonl (learner.metrics.MetricsLogger), read by the train driver. Checkpoints
+(learner.checkpoint, Orbax) go to RUN/learner/<stage>/ckpt every `checkpoint_every` steps and on SIGTERM; a
+restarted worker resumes from the newest one. Exit codes: 0 done, 3 stopped by SIGTERM (checkpoint written),
+4 nothing to train on (e.g. RFT with no trajectory over the threshold: the stage is skipped, OUT_DIR is a copy of
+the input policy), 1 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("cuda_agent.stage_worker")
+
+EXIT_DONE, EXIT_ERROR, EXIT_STOPPED, EXIT_NO_DATA = 0, 1, 3, 4
+
+
+@dataclasses.dataclass
+class _Seq:
+    """A pseudo-trajectory for packing (learner.batch.TrajectoryLike)."""
+
+    episode_id: str
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    behaviour_logprobs: np.ndarray
+    reward: float = 0.0
+    policy_version: int = 0
+
+
+def demo_sequences(cfg, chat, train_tasks, fmt: str) -> tuple[list[_Seq], dict]:
+    """Demonstrations of the training tasks as token sequences (single-turn and multi-turn renderings)."""
+    from cuda_agent.corpus import demo_messages, demos_for
+
+    ws = cfg.stages.warm_start
+    out, too_long = [], 0
+    for task, demo in demos_for(train_tasks, fmt, tuple(ws.variants)):
+        for mode in ("single_turn", "multi_turn"):
+            max_turns = cfg.stages.multi_turn_ppo.max_turns if mode == "multi_turn" else 0
+            r = chat.render(demo_messages(task, demo.files, fmt, mode, max_turns, demo.notes))
+            if len(r.ids) > ws.max_seq_len:
+                too_long += 1
+                continue
+            out.append(_Seq(f"demo-{task.id}-{demo.variant}-{mode}", r.ids.astype(np.int32),
+                            r.loss_mask.astype(np.uint8), np.zeros(len(r.ids), np.float32)))
+    return out, {"demos/sequences": len(out), "demos/too_long": too_long,
+                 "demos/tasks": len({s.episode_id.split('-')[1] for s in out})}
+
+
+def _row_len(seqs, cap: int) -> int:
+    longest = max(len(s.tokens) for s in seqs)
+    return int(min(cap, -(-longest // 256) * 256))
+
+
+class _Stop:
+    def __init__(self) -> None:
+        self.flag = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, *_):
+        self.flag = True
+
+
+def _micro(tree, idx: np.ndarray, micro: int):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[idx].reshape((len(idx) // micro, micro) + x.shape[1:])),
+                        tree)
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+    from flax import nnx
+
+    from cuda_agent.config import load_config
+    from cuda_agent.corpus import train_and_eval_tasks
+    from cuda_agent.train_config import TrainConfig
+    from learner import stages as lstages
+    from learner.batch import pack_trajectories
+    from learner.chat import ChatFormat
+    from learner.checkpoint import LearnerCheckpointer, LearnerMeta
+    from learner.config import OptimizerConfig, PPOConfig
+    from learner.hf_checkpoint import load_critic, load_pretrained, save_pretrained
+    from learner.metrics import MetricsLogger
+    from learner.model import Critic
+    from learner.tokenizer import Tokenizer
+    from learner.train_step import CriticBatch, SequenceBatch, create_train_state, critic_train_step, sft_train_step
+
+    run_dir = Path(args.run_dir)
+    cfg = load_config(TrainConfig, run_dir / "config.yaml")
+    stage = args.stage
+    spec = getattr(cfg.stages, stage)
+    work = run_dir / "learner" / stage
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    stop = _Stop()
+    metrics = MetricsLogger(work, tensorboard=False)
+    tok = Tokenizer.from_file(args.init)
+    chat = ChatFormat(tok)
+    fmt = args.format
+
+    # ---------------------------------------------------------------------------------------------- data
+    t0 = time.monotonic()
+    info: dict = {}
+    if stage == "warm_start":
+        train_tasks, _ = train_and_eval_tasks(cfg.tasks.train, cfg.tasks.eval, args.device, cfg.tasks.max_train_tasks,
+                                              cfg.tasks.max_eval_tasks, cfg.seed)
+        seqs, info = demo_sequences(cfg, chat, train_tasks, fmt)
+    else:
+        store = lstages.StageStore(args.store)
+        trajs = store.read_all("single_turn_ppo")
+        store.close()
+        info = {"data/trajectories": len(trajs)}
+        if stage == "rft":
+            trajs = lstages.rft_select(trajs, cfg.stages.rft.reward_threshold)
+            info["data/kept"] = len(trajs)
+        seqs = list(trajs)
+    metrics.log(0, {**info, "data/build_s": time.monotonic() - t0})
+    if not seqs:
+        log.warning("stage %s: nothing to train on (%s); the policy passes through unchanged", stage, info)
+        _copy_policy(Path(args.init), out)
+        (work / "result.json").write_text(json.dumps({"status": "no_data", **info}) + "\n")
+        return EXIT_NO_DATA
+    row_len = _row_len(seqs, getattr(spec, "max_seq_len", cfg.learner.max_seq_len))
+    batch, refused = pack_trajectories(seqs, row_len, rows_multiple=spec.batch_rows, pack=True)
+    log.info("stage %s: %d sequences in %d rows of %d tokens (%d refused)", stage, len(seqs), batch.num_rows, row_len,
+             len(refused))
+
+    # ---------------------------------------------------------------------------------------------- state
+    micro = max(1, min(args.microbatch, spec.batch_rows))
+    while spec.batch_rows % micro:
+        micro -= 1
+    ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
+                        gamma=cfg.learner.ppo.gamma)
+    optim = OptimizerConfig(lr=spec.lr, warmup_steps=min(getattr(spec, "warmup_steps", 5), max(1, spec.steps // 5)),
+                            decay_steps=max(1, spec.steps), schedule="cosine", end_lr_ratio=0.1,
+                            grad_clip_norm=1.0)
+    policy_model = load_pretrained(args.init)
+    if stage == "value_pretrain":
+        critic_dir = Path(args.init) / "critic"
+        net = load_critic(critic_dir) if (critic_dir / "config.json").exists() else Critic.from_policy(policy_model)
+    else:
+        net = policy_model
+    state = create_train_state(net, optim, ppo_cfg)
+    ckpt = LearnerCheckpointer(work / "ckpt", max_to_keep=2, async_save=False)
+    step = 0
+    key = jax.random.key(cfg.seed + 17)
+    if ckpt.latest_step() is not None:
+        restored, _, _, meta = ckpt.restore(policy=state)
+        state, step = restored, meta.update
+        key = meta.key() if meta.key() is not None else key
+        log.info("stage %s: resumed at step %d", stage, step)
+
+    seq = SequenceBatch(batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask)
+    if stage == "value_pretrain":
+        returns = lstages.monte_carlo_returns(batch, ppo_cfg.gamma)
+        full = CriticBatch(seq, returns, np.zeros_like(returns))
+        state = state.replace(ppo=dataclasses.replace(ppo_cfg, value_clip_eps=None))
+        step_fn, data = critic_train_step, full
+    else:
+        step_fn, data = sft_train_step, seq
+
+    def save() -> None:
+        ckpt.save(step, policy=state, meta=LearnerMeta(update=step, stage=stage, rng_key=LearnerMeta.key_data(key)),
+                  force=True)
+        ckpt.wait()
+
+    t_start = time.monotonic()
+    status = "done"
+    tokens_done = 0
+    while step < spec.steps:
+        key, sub = jax.random.split(key)
+        for idx in lstages.minibatch_indices(batch.num_rows, spec.batch_rows, sub, 1):
+            if step >= spec.steps:
+                break
+            if stop.flag:
+                status = "stopped"
+                break
+            if time.monotonic() - t_start > spec.time_budget_s:
+                status = "time_budget"
+                break
+            ts = time.monotonic()
+            state, m = step_fn(state, _micro(data, idx, micro))
+            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            n_tok = int(np.count_nonzero(batch.segment_ids[idx]))
+            tokens_done += n_tok
+            step += 1
+            m.update({f"{stage}/step_s": time.monotonic() - ts, f"{stage}/tokens_per_s": n_tok / (time.monotonic() - ts),
+                      f"{stage}/elapsed_s": time.monotonic() - t_start, f"{stage}/steps_total": spec.steps})
+            metrics.log(step, m)
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                save()
+        if status != "done":
+            break
+    save()
+    if status == "stopped":
+        metrics.close()
+        ckpt.close()
+        return EXIT_STOPPED
+
+    # ---------------------------------------------------------------------------------------------- export
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if stage == "value_pretrain":
+        _copy_policy(Path(args.init), tmp)
+        critic = nnx.merge(state.graphdef, state.params, state.rest)
+        save_pretrained(critic, tmp / "critic", dtype="float32")
+    else:
+        model = nnx.merge(state.graphdef, state.params, state.rest)
+        save_pretrained(model, tmp, dtype="float32",
+                        extra_config={"eos_token_id": tok.im_end_id, "bos_token_id": tok.im_start_id})
+        tok.save(tmp / "tokenizer.json")
+        src_critic = Path(args.init) / "critic"
+        if src_critic.exists():
+            shutil.copytree(src_critic, tmp / "critic")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    result = {"status": status, "steps": step, "tokens": tokens_done, "wall_s": time.monotonic() - t_start,
+              "rows": batch.num_rows, "row_len": row_len, **info}
+    (work / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    metrics.close()
+    ckpt.close()
+    return EXIT_DONE
+
+
+def _copy_policy(src: Path, dst: Path) -> None:
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--stage", required=True, choices=("warm_start", "rft", "value_pretrain"))
+    p.add_argument("--init", required=True, help="policy folder (Hugging Face layout) to start from")
+    p.add_argument("--out", required=True, help="policy folder to write")
+    p.add_argument("--store", default="", help="the learner's stage store (rft, value_pretrain)")
+    p.add_argument("--format", default="cpu", help="solution format of the demonstrations")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (task sizes)")
+    p.add_argument("--microbatch", type=int, default=1, help="rows per forward/backward pass")
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except Exception:  # noqa: BLE001 - logged for the driver, which reads the exit code
+        log.exception("stage %s failed", args.stage)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
