@@ -168,7 +168,7 @@ def bench_cuda_agent_flow(ext: dict, e2e_p50: float) -> dict:
     return out
 
 
-def bench_noise(cfg: SandboxConfig, fmt: str, n: int, batch: int) -> dict:
+def bench_noise(ev: Evaluator, fmt: str, n: int, batch: int) -> dict:
     task = load_task(TASK_DIR)
     import dataclasses
 
@@ -176,14 +176,13 @@ def bench_noise(cfg: SandboxConfig, fmt: str, n: int, batch: int) -> dict:
                                reference=task.reference.replace("batch_size = 64", f"batch_size = {batch}"))
     files = load_solution(TASK_DIR / fmt / "fast")
     meds, eager, comp, speed = [], [], [], []
-    with Evaluator(dataclasses.replace(cfg, reps=20)) as ev:
-        for _ in range(n + 1):
-            r = ev.evaluate(task, files, fmt)
-            assert r.ok, r.message
-            meds.append(r.timing.candidate.median_ms)
-            eager.append(r.timing.eager.median_ms)
-            comp.append(r.timing.compiled.median_ms if r.timing.compiled else float("nan"))
-            speed.append(r.timing.speedup_eager.point)
+    for _ in range(n + 1):
+        r = ev.evaluate(task, files, fmt)
+        assert r.ok, r.message
+        meds.append(r.timing.candidate.median_ms)
+        eager.append(r.timing.eager.median_ms)
+        comp.append(r.timing.compiled.median_ms if r.timing.compiled else float("nan"))
+        speed.append(r.timing.speedup_eager.point)
     meds, eager, comp, speed = meds[1:], eager[1:], comp[1:], speed[1:]  # first run warms up
 
     def cv(xs):
@@ -247,11 +246,11 @@ def main() -> None:
         else:
             res["e2e"] = bench_e2e(ev, fmt, a.evals)
             save()
-    try:
-        res["noise"] = bench_noise(cfg, fmt, 10, a.noise_batch if res["backend"] == "cuda" else 64)
-    except Exception as e:  # noqa: BLE001
-        res["noise"] = {"error": f"{type(e).__name__}: {e}"}
-    save()
+        try:
+            res["noise"] = bench_noise(ev, fmt, 10, a.noise_batch if res["backend"] == "cuda" else 64)
+        except Exception as e:  # noqa: BLE001
+            res["noise"] = {"error": f"{type(e).__name__}: {e}"}
+        save()
     print(f"== sandbox bench ({res['backend']}, {res.get('device', 'cpu')}, isolation {res['isolation']}) ==")
     cb, eb, e2 = res.get("cubin_build", {}), res.get("extension_build", {}), res.get("e2e", {})
     if "p50_s" in cb:

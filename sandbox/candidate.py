@@ -217,19 +217,13 @@ class Worker:
         return {"ok": True, "outputs": wire.encode_value(self.last_out, self.io)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--fd-in", type=int, required=True)
-    ap.add_argument("--fd-out", type=int, required=True)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args(argv)
-    # Trusted preparation while no candidate code is around: import torch (the slow part of a start), so a
-    # spare worker can be started ahead of the evaluation that will use it.
+def preload(threads: int) -> None:
+    """Trusted preparation while no candidate code is around: import torch (the slow part of a start) and pay the
+    first-dispatch-mode cost, so a worker can be started ahead (spare) or forked from a preloaded zygote."""
     import torch
 
-    torch.set_num_threads(a.threads)
-    from sandbox import wire
+    torch.set_num_threads(threads)
+    from sandbox import wire  # noqa: F401
     from sandbox.guard import ComputeGuard
 
     # The first call under a TorchDispatchMode costs over a second (lazy imports in torch): pay it here.
@@ -238,8 +232,16 @@ def main(argv: list[str] | None = None) -> None:
         torch.empty_like(x).view(2, 4).t().contiguous().clone()
     del x
 
+
+def serve(fd_in: int, fd_out: int, device: str, threads: int) -> None:
+    """Wait for `setup`, confine, then answer requests until `exit` or EOF. Never returns."""
+    import torch
+
+    from sandbox import wire
+
+    torch.set_num_threads(threads)
     try:
-        setup = wire.recv(a.fd_in)
+        setup = wire.recv(fd_in)
     except (wire.ChannelClosed, ValueError):
         os._exit(0)
     if not isinstance(setup, dict) or setup.get("op") != "setup":
@@ -251,23 +253,27 @@ def main(argv: list[str] | None = None) -> None:
             enter(JailSpec.from_json(setup["jail"]))
         except (JailError, OSError) as e:
             try:
-                wire.send(a.fd_out, {"ok": False, "status": "internal_error", "error": f"confinement failed: {e}",
-                                     "violations": []})
+                wire.send(fd_out, {"ok": False, "status": "internal_error", "error": f"confinement failed: {e}",
+                                   "violations": []})
             finally:
                 os._exit(125)
+    elif setup.get("rlimits"):
+        from sandbox.jail import set_rlimits
+
+        set_rlimits(setup["rlimits"])
     for k, v in (setup.get("env") or {}).items():
         os.environ[str(k)] = str(v)
     ws = os.path.realpath(setup["workspace"])
     os.chdir(ws)
     sys.path.insert(0, ws)
-    w = Worker(ws, a.device, setup.get("format", "cpu"))
+    w = Worker(ws, device, setup.get("format", "cpu"))
     if w.cuda:
-        torch.cuda.set_device(torch.device(a.device))
-    wire.send(a.fd_out, {"ok": True})
+        torch.cuda.set_device(torch.device(device))
+    wire.send(fd_out, {"ok": True})
     handlers = {"load": w.load, "run": w.run, "time": w.time, "last_outputs": w.last_outputs}
     while True:
         try:
-            msg = wire.recv(a.fd_in)
+            msg = wire.recv(fd_in)
         except (wire.ChannelClosed, ValueError):
             os._exit(0)
         op = msg.get("op") if isinstance(msg, dict) else None
@@ -282,9 +288,20 @@ def main(argv: list[str] | None = None) -> None:
             except BaseException:  # noqa: BLE001
                 reply = {"ok": False, "status": "internal_error", "error": _tb(ws), "violations": []}
         try:
-            wire.send(a.fd_out, reply)
+            wire.send(fd_out, reply)
         except wire.ChannelClosed:
             os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd-in", type=int, required=True)
+    ap.add_argument("--fd-out", type=int, required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    preload(a.threads)
+    serve(a.fd_in, a.fd_out, a.device, a.threads)
 
 
 if __name__ == "__main__":

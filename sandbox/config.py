@@ -55,6 +55,8 @@ class SandboxConfig:
     """cpu format: allow BLAS symbols (cblas_*, sgemm_, ...) in the built library."""
 
     # --- verification
+    static_checks: bool = True
+    """Run the static checks of model_new.py and kernel sources (off only to exercise the runtime defences in tests)."""
     num_trials: int = 5
     """Fresh-seed input sets the candidate must match the reference on."""
     atol: float = -1.0

@@ -143,62 +143,143 @@ def _pdeathsig() -> None:
         pass
 
 
-class CandidateDied(Exception):
-    def __init__(self, returncode: int | None, log_tail: str):
-        super().__init__(f"candidate worker exited ({returncode})")
-        self.returncode = returncode
-        self.log_tail = log_tail
+def _worker_env(cfg: SandboxConfig) -> dict[str, str]:
+    """Environment of candidate workers and the zygote: nothing of the trusted side's beyond what is needed."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        "HOME": tempfile.gettempdir(),
+        "OMP_NUM_THREADS": str(cfg.cpu_threads),
+        "MKL_NUM_THREADS": str(cfg.cpu_threads),
+        "OPENBLAS_NUM_THREADS": "1",  # OpenBLAS starts a thread pool at import otherwise (the zygote must fork single-threaded)
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+    }
+    for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LANG"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    return env
+
+
+class Zygote:
+    """Client of a sandbox.zygote fork server for one (device, namespaces) (see sandbox/zygote.py)."""
+
+    def __init__(self, device: str, cfg: SandboxConfig, namespaces: bool):
+        import socket
+
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox.zygote", "--ctl", str(b.fileno()), "--device", device,
+             "--threads", str(cfg.cpu_threads), "--namespaces", "1" if namespaces else "0"],
+            pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd="/",
+            env=_worker_env(cfg), start_new_session=True, preexec_fn=_pdeathsig)
+        b.close()
+        self.sock = a
+        self.ready = False
+        self.broken = False
+
+    def _line(self, timeout_s: float) -> str:
+        self.sock.settimeout(timeout_s)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = self.sock.recv(64)
+            if not chunk:
+                raise EOFError("zygote exited")
+            buf += chunk
+        return buf.decode().strip()
+
+    def spawn(self, fd_in: int, fd_out: int, log_fd: int) -> int | None:
+        """Fork a candidate worker; its intermediate's pid, or None when the zygote cannot (use a slow start)."""
+        import socket
+
+        if self.broken:
+            return None
+        try:
+            if not self.ready:
+                if self._line(SPARE_START_TIMEOUT_S) != "ready":
+                    raise EOFError("zygote did not get ready")
+                self.ready = True
+            socket.send_fds(self.sock, [b"spawn"], [fd_in, fd_out, log_fd])
+            pid = int(self._line(30.0))
+        except (OSError, EOFError, ValueError):
+            self.broken = True
+            return None
+        return pid if pid > 0 else None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.log.close()
 
 
 class CandidateProcess:
     """A candidate worker with request/reply over pipes, killed with its whole tree by `kill()`.
 
-    Started as a spare (torch imported, nothing else) in fresh namespaces when `namespaces` is True; `setup`
-    then hands it one workspace and confines it there.
+    Forked from the zygote when there is one (milliseconds), else started as a fresh Python (a spare, seconds)
+    in fresh namespaces when `namespaces` is True; `setup` then hands it one workspace and confines it there.
     """
 
-    def __init__(self, device: str, cfg: SandboxConfig, namespaces: bool):
+    def __init__(self, device: str, cfg: SandboxConfig, namespaces: bool, zygote: Zygote | None = None):
         self.cfg = cfg
         self.device = device
         self.namespaces = namespaces
+        self.exit_code: int | None = None
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
-        argv = [sys.executable, "-m", "sandbox.candidate", "--fd-in", str(r1), "--fd-out", str(w2),
-                "--device", device, "--threads", str(cfg.cpu_threads)]
-        if namespaces:
-            argv = command_prefix() + argv
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-            "HOME": tempfile.gettempdir(),
-            "OMP_NUM_THREADS": str(cfg.cpu_threads),
-            "MKL_NUM_THREADS": str(cfg.cpu_threads),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0",
-        }
-        for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LANG"):
-            if k in os.environ:
-                env[k] = os.environ[k]
         self.log = tempfile.TemporaryFile()
-        rl = None if namespaces else _rlimits(cfg, device)
+        self.proc: subprocess.Popen | None = None
+        pid = zygote.spawn(r1, w2, self.log.fileno()) if zygote is not None else None
+        if pid is not None:
+            self.pid = pid
+        else:
+            argv = [sys.executable, "-m", "sandbox.candidate", "--fd-in", str(r1), "--fd-out", str(w2),
+                    "--device", device, "--threads", str(cfg.cpu_threads)]
+            if namespaces:
+                argv = command_prefix() + argv
+            rl = None if namespaces else _rlimits(cfg, device)
 
-        def preexec() -> None:
-            _pdeathsig()
-            if rl:
-                set_rlimits(rl)
+            def preexec() -> None:
+                _pdeathsig()
+                if rl:
+                    set_rlimits(rl)
 
-        self.proc = subprocess.Popen(argv, pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd="/", env=env, start_new_session=True,
-                                     preexec_fn=preexec)
+            self.proc = subprocess.Popen(argv, pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=self.log,
+                                         stderr=subprocess.STDOUT, cwd="/", env=_worker_env(cfg),
+                                         start_new_session=True, preexec_fn=preexec)
+            self.pid = self.proc.pid
         os.close(r1)
         os.close(w2)
         self.fd_out, self.fd_in = w1, r2
         os.set_blocking(self.fd_out, False)
 
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    @property
+    def returncode(self) -> int | None:
+        if self.exit_code is not None:
+            return self.exit_code
+        return self.proc.returncode if self.proc is not None else None
+
     def setup(self, ws: str, fmt: str, jail: JailSpec | None, env: dict[str, str], timeout_s: float) -> dict:
-        """Hand the spare its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied."""
+        """Hand the worker its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied."""
+        rl = {} if jail is not None else _rlimits(self.cfg, self.device)
         return self.request({"op": "setup", "workspace": ws, "format": fmt, "jail": jail.to_json() if jail else "",
-                             "env": env}, timeout_s)
+                             "env": env, "rlimits": rl}, timeout_s)
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -209,6 +290,14 @@ class CandidateProcess:
         except (OSError, ValueError):
             return ""
 
+    def _died(self) -> "CandidateDied":
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        return CandidateDied(self.returncode, self.log_tail())
+
     def request(self, msg: dict, timeout_s: float) -> dict:
         """Send msg, wait for the reply. Raises wire.ChannelTimeout or CandidateDied."""
         deadline = time.monotonic() + timeout_s
@@ -217,24 +306,24 @@ class CandidateProcess:
             reply = wire.recv(self.fd_in, timeout_s=max(0.01, deadline - time.monotonic()),
                               max_bytes=self.cfg.max_message_bytes)
         except (wire.ChannelClosed, wire.MessageTooLarge, ValueError):
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            raise CandidateDied(self.proc.returncode, self.log_tail()) from None
+            raise self._died() from None
         if not isinstance(reply, dict):
-            raise CandidateDied(self.proc.returncode, "malformed reply")
+            raise self._died()
+        if "__exit__" in reply and len(reply) == 1:  # written by the zygote's intermediate when the worker died
+            self.exit_code = int(reply["__exit__"]) if isinstance(reply["__exit__"], int) else None
+            raise self._died()
         return reply
 
     def kill(self) -> None:
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         for fd in (self.fd_out, self.fd_in):
             try:
                 os.close(fd)
@@ -243,17 +332,33 @@ class CandidateProcess:
         self.log.close()
 
 
-class SparePool:
-    """One candidate worker started ahead per (device, namespaces), so an evaluation does not wait for torch's import."""
+class CandidateDied(Exception):
+    def __init__(self, returncode: int | None, log_tail: str):
+        super().__init__(f"candidate worker exited ({returncode})")
+        self.returncode = returncode
+        self.log_tail = log_tail
 
-    def __init__(self, cfg: SandboxConfig):
+
+class WorkerPool:
+    """Where candidate workers come from: forked from a zygote per (device, namespaces) when it works (ms),
+    else one spare started ahead per (device, namespaces), so an evaluation rarely waits for torch's import."""
+
+    def __init__(self, cfg: SandboxConfig, use_zygote: bool = True):
         self.cfg = cfg
+        self.use_zygote = use_zygote
+        self.zygotes: dict[tuple[str, bool], Zygote] = {}
         self.spares: dict[tuple[str, bool], CandidateProcess] = {}
 
     def take(self, device: str, namespaces: bool) -> CandidateProcess:
         key = (device, namespaces)
+        if self.use_zygote:
+            z = self.zygotes.get(key)
+            if z is None:
+                z = self.zygotes[key] = Zygote(device, self.cfg, namespaces)
+            if not z.broken:
+                return CandidateProcess(device, self.cfg, namespaces, z)  # a slow start if the zygote failed
         p = self.spares.pop(key, None)
-        if p is None or p.proc.poll() is not None:
+        if p is None or not p.alive():
             if p is not None:
                 p.kill()
             p = CandidateProcess(device, self.cfg, namespaces)
@@ -263,7 +368,10 @@ class SparePool:
     def close(self) -> None:
         for p in self.spares.values():
             p.kill()
+        for z in self.zygotes.values():
+            z.close()
         self.spares.clear()
+        self.zygotes.clear()
 
 
 def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
@@ -297,6 +405,16 @@ def _signal_name(rc: int | None) -> str:
     return f"exit code {rc}"
 
 
+def _headline(tb: str) -> str:
+    """The line of a traceback a person should read first: a CUDA error line when there is one (torch appends
+    advice lines after it), else the exception line (last non-empty line)."""
+    lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
+    for ln in lines:
+        if "CUDA error" in ln or "CUDA_ERROR" in ln:
+            return ln
+    return lines[-1] if lines else ""
+
+
 def _reply_failure(reply: dict, stage: str) -> StageFailure:
     status = reply.get("status", "runtime_error")
     try:
@@ -305,7 +423,7 @@ def _reply_failure(reply: dict, stage: str) -> StageFailure:
         st = Status.RUNTIME_ERROR
     viol = [Violation("import" if "imports" in v else "dispatch_op", v) for v in reply.get("violations", [])]
     err = (reply.get("error") or "").strip()
-    last = err.splitlines()[-1] if err else (viol[0].detail if viol else "")
+    last = _headline(err) if err else (viol[0].detail if viol else "")
     msg = f"{stage}: {last}" if last else stage
     f = StageFailure(st, msg, viol)
     f.detail = err  # type: ignore[attr-defined]
@@ -345,7 +463,7 @@ def _nvml(device_index: int) -> dict[str, Any] | None:
 
 # ----------------------------------------------------------------------------------------------------- one job
 def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig,
-            spares: SparePool) -> dict:
+            spares: "WorkerPool") -> dict:
     """Evaluate one built solution. job: task_id, reference, shape_overrides, atol, rtol, workspace, model_py,
     manifest, format, device, jail_uid (None: no namespaces), writable, extra_env, load_timeout_s.
     Returns a plain dict: status, message, trials, timing, violations, log, stage_ms, nvml."""
@@ -570,7 +688,7 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
     torch.set_num_threads(cfg.cpu_threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.cpu_threads))
     cache: collections.OrderedDict = collections.OrderedDict()
-    spares = SparePool(cfg)
+    spares = WorkerPool(cfg, use_zygote=os.environ.get("CUDA_AGENT_SANDBOX_ZYGOTE", "1") != "0")
     while True:
         try:
             job = conn.recv()

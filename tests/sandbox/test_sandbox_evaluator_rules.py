@@ -105,3 +105,46 @@ def test_import_time_hang_is_a_load_timeout(sandbox_tmp):
         assert res.status == "timeout" and "load" in res.message
         ok = ev.evaluate(load_task(TASK), FAST, "cpu")  # profiling off: correct -> reward 0
         assert ok.status == "ok" and ok.reward == 0 and ok.timing is None
+
+
+def test_candidate_confinement_end_to_end(sandbox_tmp, tmp_path):
+    """With the static checks off, a solution that tries to write outside its workspace and to open a connection at
+    import time is stopped by the OS (read-only mounts, its own network namespace), and so is a fork bomb."""
+    import socket
+
+    from sandbox.evaluator import Evaluator
+
+    if not probe(65534)[0]:
+        pytest.skip("namespace isolation unavailable (needs root, unshare)")
+    outside = tmp_path / "escaped.txt"
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    attack = f"""
+import os
+try:
+    fd = os.open({str(outside)!r}, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x")
+    raise RuntimeError("ESCAPED: wrote outside the workspace")
+except OSError:
+    pass
+rc = os.system("python3 -c \\"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\\" 2>/dev/null")
+if rc == 0:
+    raise RuntimeError("ESCAPED: connected to the host")
+"""
+    files = {**FAST, "model_new.py": attack + FAST["model_new.py"]}
+    cfg = cpu_config(sandbox_tmp / "conf", static_checks=False, profile=False)
+    with Evaluator(cfg) as ev:
+        res = ev.evaluate(load_task(TASK), files, "cpu")
+    srv.settimeout(0.5)
+    try:
+        conn, _ = srv.accept()
+        conn.close()
+        accepted = True
+    except OSError:
+        accepted = False
+    srv.close()
+    assert res.status == "ok", res.message
+    assert not outside.exists() and not accepted
+    assert res.isolation["mode"] == "namespaces"

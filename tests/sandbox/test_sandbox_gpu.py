@@ -19,7 +19,7 @@ EXPECTED = {"fast": "ok", "slow": "ok", "wrong": "incorrect", "crash": "runtime_
 def gpu_config(tmp, **kw) -> SandboxConfig:
     # torch.compile's baseline is left to benchmarks/sandbox_bench.py here: its first call per task costs seconds
     # of scarce device time, and statuses do not depend on it.
-    base = dict(backend="cuda", cache_dir=str(tmp / "cache"), work_root=str(tmp / "ws"), trial_timeout_s=5.0,
+    base = dict(backend="cuda", cache_dir=str(tmp / "cache"), work_root=str(tmp / "ws"), trial_timeout_s=4.0,
                 reps=10, warmup_calls=2, min_rep_ms=1.0, use_compile=False)
     base.update(kw)
     return SandboxConfig(**base)
