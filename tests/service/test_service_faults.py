@@ -27,6 +27,7 @@ def _running_pid(client: SandboxClient, endpoint: str, not_in: set[int]) -> int:
     return wait_until(ready, 120, "a job running on a fresh worker")
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_job_is_replaced_and_a_poisoned_job_is_answered(tmp_path):
     node = start_node(tmp_path, "max_worker_failures=2")
     sols = corpus()

@@ -50,6 +50,7 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", h["ns"]], capture_output=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_two_nodes_in_separate_network_namespaces_with_curve(tmp_path, two_hosts):
     keys = init_keys(tmp_path / "keys")
     nodes = []

@@ -7,6 +7,8 @@ import threading
 import time
 import uuid
 
+import pytest
+
 from sandbox.client import SandboxClient, SandboxClientError
 
 from _svc_helpers import corpus, job, node_status, rss_bytes, start_node, wait_until
@@ -15,6 +17,7 @@ QUEUE_MAX = 4
 MiB = 1 << 20
 
 
+@pytest.mark.slow
 def test_ten_times_the_queue_bound_gets_busy_replies_and_bounded_memory(tmp_path):
     node = start_node(tmp_path, f"queue_max={QUEUE_MAX}", "busy_retry_after_s=0.5")
     sols = corpus()

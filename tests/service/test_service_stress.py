@@ -23,6 +23,7 @@ def node(tmp_path_factory):
     n.stop()
 
 
+@pytest.mark.slow
 def test_stress_sweep_command_finds_the_step_past_capacity(node, tmp_path):
     out = tmp_path / "report"
     settings = [f"--setting={k}={json.dumps(v)}" for k, v in QUICK.items()]
