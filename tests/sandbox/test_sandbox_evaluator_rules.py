@@ -95,7 +95,7 @@ def test_isolation_is_recorded(cpu_evaluator):
 
 
 @pytest.mark.slow
-def test_import_time_hang_is_a_load_timeout(sandbox_tmp):
+def test_load_timeout_profile_off_and_trusted_worker_replaced(sandbox_tmp):
     from sandbox.evaluator import Evaluator
 
     cfg = cpu_config(sandbox_tmp / "short", load_timeout_s=4.0, profile=False)
@@ -105,6 +105,10 @@ def test_import_time_hang_is_a_load_timeout(sandbox_tmp):
         assert res.status == "timeout" and "load" in res.message
         ok = ev.evaluate(load_task(TASK), FAST, "cpu")  # profiling off: correct -> reward 0
         assert ok.status == "ok" and ok.reward == 0 and ok.timing is None
+        ev._proc.kill()  # the trusted worker dies: the next evaluation gets a new one
+        ev._proc.wait()
+        again = ev.evaluate(load_task(TASK), FAST, "cpu")
+        assert again.status == "ok" and again.reward == 0
 
 
 def test_candidate_confinement_end_to_end(sandbox_tmp, tmp_path):
