@@ -31,6 +31,9 @@ def _mount() -> None:
     from cuda_agent.eval import eval_cmd
 
     app.command("eval")(eval_cmd)
+    from cuda_agent.train import train_cmd
+
+    app.command("train")(train_cmd)
 
 
 def main() -> None:

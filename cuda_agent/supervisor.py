@@ -188,7 +188,7 @@ class Supervisor:
             raise ValueError(f"process {name!r} has no ready_file")
         deadline = time.monotonic() + timeout_s
         while not Path(mp.spec.ready_file).exists():
-            if mp.state in ("failed", "finished", "stopped"):
+            if mp.state in ("failed", "finished", "stopped", "crashed"):
                 raise RuntimeError(f"{name} {mp.state} before it was ready (exit {mp.returncode}); see {mp.log_path}:\n"
                                    + tail(mp.log_path))
             if time.monotonic() > deadline:
