@@ -1,6 +1,7 @@
 """Synthesis + filtering throughput: accepted tasks per minute, acceptance rate, rejection reasons.
 
 Usage: python benchmarks/tasks_bench.py [--n 40] [--workers 2] [--device cpu] [--seed 77] [--no-compile]
+       python benchmarks/tasks_bench.py --demos 12      (speed of the naive vs fused cpu demonstrations)
 
 Runs one fresh synthesis (graph composer -> FilterPool with the full filter: eager, determinism, degeneracy,
 liveness, time window with autosize, torch.compile -> near-duplicate check) into a temporary folder and prints
@@ -29,8 +30,51 @@ from tasks.filtering import FilterConfig  # noqa: E402
 from tasks.synthesize import SynthesisConfig, Synthesizer, state_path  # noqa: E402
 
 
+def demo_speeds(n_tasks: int, console: Console) -> None:
+    """Profile the cpu demonstrations of `n_tasks` demo tasks (one per family first) through the sandbox:
+    eager and candidate median ms per call, interleaved, one thread (the sandbox's default)."""
+    from sandbox.config import SandboxConfig
+    from sandbox.evaluator import Evaluator
+    from tasks import builtin
+    from tasks.demos import Demo
+
+    demos = [Demo.from_dict(json.loads(line)) for line in (builtin.HERE / "demos.jsonl").read_text().splitlines()]
+    tasks = {t.id: t for s in builtin.SPLITS for t in builtin.load_split(s)}
+    order: list[str] = []
+    for fam in ("pointwise", "row", "scan", "gemm", "conv2d", "pool2d"):
+        order += sorted({d.task_id for d in demos if d.family == fam})
+    picked: list[str] = []
+    fams: dict[str, int] = {}
+    for tid in order:  # round-robin over families
+        fam = next(d.family for d in demos if d.task_id == tid)
+        if fams.get(fam, 0) < max(1, n_tasks // 4) and len(picked) < n_tasks:
+            picked.append(tid)
+            fams[fam] = fams.get(fam, 0) + 1
+    t = Table(title="cpu demonstrations through the sandbox (1 thread, median ms per call)")
+    for col in ("task", "family", "eager ms", "naive ms", "fused ms", "naive/fused"):
+        t.add_column(col, justify="right" if "ms" in col or "/" in col else "left")
+    cfg = SandboxConfig(backend="cpu", use_compile=False, reps=10, num_trials=1)
+    with Evaluator(cfg) as ev:
+        for tid in picked:
+            task = builtin.at_cpu_size(tasks[tid])
+            row = {}
+            for d in (d for d in demos if d.task_id == tid and d.format == "cpu"):
+                r = ev.evaluate(task, d.files, "cpu")
+                if r.status == "ok" and r.timing is not None:
+                    row[d.variant] = r.timing.candidate.median_ms
+                    row["eager"] = r.timing.eager.median_ms
+                    row["family"] = d.family
+                else:
+                    row[d.variant] = float("nan")
+            fast = row.get("fused", row.get("fast", float("nan")))
+            t.add_row(tid, row.get("family", "?"), f"{row.get('eager', float('nan')):.3f}",
+                      f"{row.get('naive', float('nan')):.3f}", f"{fast:.3f}", f"{row.get('naive', float('nan')) / fast:.1f}x")
+    console.print(t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--demos", type=int, default=0, help="profile the cpu demos of this many tasks instead")
     ap.add_argument("--n", type=int, default=40, help="accepted tasks to synthesize")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--device", default="cpu")
@@ -39,6 +83,9 @@ def main() -> None:
     ap.add_argument("--project-workers", type=int, default=16, help="workers of the projected host")
     args = ap.parse_args()
     console = Console()
+    if args.demos:
+        demo_speeds(args.demos, console)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.jsonl"
         cfg = SynthesisConfig(n=args.n, out=str(out), seed=args.seed,

@@ -182,6 +182,9 @@ def synthesize(
     max_category_fraction: float = typer.Option(0.30, help="No category above this share of N."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
     timeout_s: float = typer.Option(120.0, help="Per-candidate limit, seconds."),
+    llm_base_url: Optional[str] = typer.Option(None, help="Compose with a language model at this OpenAI-compatible endpoint (e.g. http://host:8000/v1) instead of the graph composer."),
+    llm_model: str = typer.Option("", help="Model name for --llm-base-url."),
+    llm_api_key_env: str = typer.Option("OPENAI_API_KEY", help="Environment variable holding the endpoint's API key (may be unset)."),
 ) -> None:
     """Compose, filter (in parallel) and deduplicate tasks until N are accepted; resumable."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -206,7 +209,18 @@ def synthesize(
             progress.update(bar, completed=rep.accepted,
                             info=f"candidates {rep.candidates}, accept rate {rate:.0%}, {rep.accepted_per_min:.1f}/min")
 
-        rep = Synthesizer(cfg).run(on_progress=update)
+        composer = None
+        if llm_base_url:
+            import os
+
+            from tasks.llm_compose import LLMComposer, LLMComposerConfig
+
+            try:
+                composer = LLMComposer(LLMComposerConfig(base_url=llm_base_url, model=llm_model,
+                                                         api_key=os.environ.get(llm_api_key_env, "")), cfg.compose)
+            except ValueError as e:
+                _fail(str(e))
+        rep = Synthesizer(cfg, composer).run(on_progress=update)
     if rep.resumed_from:
         console.print(f"resumed after {rep.resumed_from} earlier candidate(s)")
     console.print(f"accepted {rep.accepted}/{n} tasks from {rep.candidates} candidates; this run: "

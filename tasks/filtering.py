@@ -81,7 +81,8 @@ class FilterConfig:
       min_live_fraction: share of output elements a perturbation must change for the perturbed part to be live.
       perturb_scale: relative size of the liveness perturbation (per element, of its own magnitude).
       task_timeout_s: wall-clock limit per task in a pool worker, seconds (after the worker's warm-up).
-      workers: pool worker processes.
+      workers: pool worker processes (with device "cuda", worker i uses GPU i mod the GPU count: give one
+        worker per GPU so that timings do not share a device).
       warm_compile: pay the process's first torch.compile (15-18 s on 2 CPU cores) at worker start.
       max_tasks_per_worker: a worker is replaced after this many tasks (bounds leaks of compiled graphs).
       autosize: when a task is too fast, double its shape parameters toward the window's geometric middle
@@ -147,6 +148,7 @@ class Verdict:
       flops, bytes: from the meta-device trace.
       check_s: wall time of the whole check, seconds.
       resized_params: the shape parameters the task was accepted at, when autosize changed them (else {}).
+      device_name: the device the checks ran on ("cpu" or the CUDA device's name).
     """
 
     task_id: str
@@ -161,6 +163,7 @@ class Verdict:
     bytes: int = 0
     check_s: float = 0.0
     resized_params: dict[str, int] = field(default_factory=dict)
+    device_name: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -411,7 +414,16 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     if rounds and not v.accepted:
         v.detail += f" (after {rounds} resizing round(s))"
     v.check_s = time.perf_counter() - t_start
+    v.device_name = _device_name(cfg.device)
     return v
+
+
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
 def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
@@ -489,6 +501,8 @@ def _worker_main(conn, cfg_dict: dict, slot: int = 0) -> None:
     import torch
 
     torch.set_num_threads(cfg.cpu_threads)
+    if cfg.device == "cuda":  # one worker per GPU: timings must not share a device
+        torch.cuda.set_device(slot % torch.cuda.device_count())
     if cfg.warm_compile and cfg.check_compile:
         try:
             f = torch.compile(lambda a: torch.relu(a) * 2 + 1)
@@ -527,14 +541,18 @@ class _Slot:
 class FilterPool:
     """Spawned worker processes running `check_task`, one task each at a time, with per-task time limits.
 
-    Use as a context manager. `submit(task)` queues; `poll(timeout_s)` returns the (task, verdict) pairs that
+    Use as a context manager. Workers are started with the "spawn" method, so a script using the pool needs
+    the usual `if __name__ == "__main__":` guard. `poll` raises RuntimeError when workers die while starting
+    `max_start_failures` times in a row (a broken environment, not a task). `submit(task)` queues; `poll(timeout_s)` returns the (task, verdict) pairs that
     finished; `pending` counts queued plus running tasks. Workers are started lazily and replaced after a
     timeout (their process group is killed), a crash, or `max_tasks_per_worker` tasks.
     """
 
-    def __init__(self, cfg: FilterConfig, start_timeout_s: float = 300.0):
+    def __init__(self, cfg: FilterConfig, start_timeout_s: float = 300.0, max_start_failures: int = 3):
         self.cfg = cfg
         self.start_timeout_s = start_timeout_s
+        self.max_start_failures = max_start_failures
+        self._start_failures = 0
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot] = []
         self._queue: list[Task] = []
@@ -607,6 +625,7 @@ class FilterPool:
                 else:
                     if kind == "ready":
                         s.ready = True
+                        self._start_failures = 0
                     elif kind == "verdict" and s.task is not None:
                         done.append((s.task, Verdict.from_dict(payload)))
                         s.task = None
@@ -615,6 +634,13 @@ class FilterPool:
                             self._replace(i)
                     continue
             if not s.proc.is_alive() or (s.proc.sentinel in ready and not got_msg):
+                if not s.ready:
+                    self._start_failures += 1
+                    if self._start_failures >= self.max_start_failures:
+                        code = s.proc.exitcode
+                        self.close()
+                        raise RuntimeError(f"filter workers die while starting (exit code {code}, "
+                                           f"{self._start_failures} times in a row); see their stderr")
                 if s.task is not None:
                     code = s.proc.exitcode
                     done.append((s.task, Verdict(s.task.id, False, "worker_crash",
@@ -674,6 +700,8 @@ def accepted_task(task: Task, v: Verdict, cfg: FilterConfig) -> Task:
         meta["eager_ms"] = round(v.eager_ms, 4)
     if v.compile_ms is not None:
         meta["compile_ms"] = round(v.compile_ms, 4)
+    if cfg.device == "cuda" and v.eager_ms is not None:  # a GPU-sized task measured on its GPU
+        meta.update(gpu_timing_status="measured", gpu_name=v.device_name, eager_ms_source="measured")
     return task.replace(metadata=meta)
 
 

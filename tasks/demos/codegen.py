@@ -56,6 +56,135 @@ DEV float logaddexp_f(float a, float b) {
 }
 """.replace("SELU_ALPHA", f"{SELU_ALPHA:.9f}f").replace("SELU_SCALE", f"{SELU_SCALE:.9f}f")
 
+# Branch-free float math without libm calls, for the fused cpu kernels: gcc -O3 vectorises loops over these
+# (libm's expf & co. are scalar calls, and sqrtf keeps an errno branch without -fno-math-errno). Rules that
+# keep them vectorisable: no memcpy (bit casts), selects only between values already computed, rounding by
+# the 1.5 * 2^23 trick. Relative error about 1e-6 on the ranges the tasks use (checked in the tests).
+VECTOR_MATH = r"""
+#include <stdint.h>
+static inline float vm_bits2f(int32_t i) { return __builtin_bit_cast(float, i); }
+static inline int32_t vm_f2bits(float f) { return __builtin_bit_cast(int32_t, f); }
+static inline float vm_max(float a, float b) { return a > b ? a : b; }
+static inline float vm_min(float a, float b) { return a < b ? a : b; }
+static inline float vm_abs(float a) { return vm_bits2f(vm_f2bits(a) & 0x7fffffff); }
+static inline float vm_exp(float x) {
+    float xc = x < -87.33654f ? -87.33654f : x;
+    xc = xc > 88.37626f ? 88.37626f : xc;
+    float t = xc * 1.44269504088896341f;
+    float n = (t + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    float y = p * vm_bits2f(((int32_t)n + 127) << 23);
+    float inf = INFINITY, zero = 0.0f;
+    y = x > 88.7228f ? inf : y;
+    return x < -87.33654f ? zero : y;
+}
+static inline float vm_log(float x) {
+    int32_t b = vm_f2bits(x);
+    int32_t e = ((b >> 23) & 0xff) - 127;
+    float m = vm_bits2f((b & 0x007fffff) | 0x3f800000);
+    float mh = m * 0.5f;
+    int big = m > 1.41421356f;
+    m = big ? mh : m;
+    float ef = (float)(e + big);
+    float s = (m - 1.0f) / (m + 1.0f), z = s * s;
+    float p = 2.0f / 9.0f;
+    p = p * z + 2.0f / 7.0f;
+    p = p * z + 2.0f / 5.0f;
+    p = p * z + 2.0f / 3.0f;
+    p = p * z + 2.0f;
+    float y = ef * 0.69314718055994531f + s * p;
+    float inf = INFINITY, ninf = -INFINITY, nan = NAN;
+    y = x == inf ? inf : y;
+    y = x == 0.0f ? ninf : y;
+    return (x < 0.0f || x != x) ? nan : y;
+}
+static inline float vm_log1p(float x) {
+    float u = 1.0f + x;
+    float d = u - 1.0f;
+    float y = vm_log(u) - (d - x) / u;
+    return d == 0.0f ? x : y;
+}
+static inline float vm_sqrt(float x) {
+    float y = vm_bits2f(0x5f3759df - (vm_f2bits(x) >> 1));
+    y = y * (1.5f - 0.5f * x * y * y);
+    y = y * (1.5f - 0.5f * x * y * y);
+    y = y * (1.5f - 0.5f * x * y * y);
+    float r = x * y;
+    float inf = INFINITY, nan = NAN;
+    r = x == inf ? inf : r;
+    return x < 0.0f ? nan : r;
+}
+static inline float vm_tanh(float x) {
+    float a = vm_abs(x);
+    float t = vm_exp(-2.0f * a);
+    float r = (1.0f - t) / (1.0f + t);
+    float nr = -r;
+    float z = x * x;
+    float small = x * (1.0f + z * (-0.333333333f + z * 0.133333333f));
+    r = x < 0.0f ? nr : r;
+    return a < 0.02f ? small : r;
+}
+static inline float vm_erf(float x) {
+    float a = vm_abs(x);
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = 1.061405429f;
+    p = p * t - 1.453152027f;
+    p = p * t + 1.421413741f;
+    p = p * t - 0.284496736f;
+    p = p * t + 0.254829592f;
+    float y = 1.0f - p * t * vm_exp(-a * a);
+    float ny = -y;
+    y = x < 0.0f ? ny : y;
+    float z = x * x;
+    float series = 1.1283791670955126f * x * (1.0f + z * (-0.333333333f + z * (0.1f + z * (-0.0238095238f + z * 0.00462962963f))));
+    return a < 0.5f ? series : y;
+}
+static inline float vm_sincos(float x, int want_cos) {
+    float t = x * 0.636619772367581343f;
+    float k = (t + 12582912.0f) - 12582912.0f;
+    float r = x - k * 1.5703125f - k * 4.8375129699707031e-4f - k * 7.5497899548918821e-8f;
+    int q = ((int)k + want_cos) & 3;
+    float z = r * r;
+    float s = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z * -1.9515295891e-4f));
+    float c = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f + z * 2.443315711809948e-5f));
+    float v = (q & 1) ? c : s;
+    float nv = -v;
+    return (q & 2) ? nv : v;
+}
+static inline float vm_sin(float x) { return vm_sincos(x, 0); }
+static inline float vm_cos(float x) { return vm_sincos(x, 1); }
+static inline float vm_atan(float x) {
+    float a = vm_abs(x);
+    int r1 = a > 2.414213562373095f, r2 = a > 0.4142135623730950f;
+    float inv = -1.0f / a, mid = (a - 1.0f) / (a + 1.0f);
+    float y0 = r1 ? 1.570796326794896f : (r2 ? 0.785398163397448f : 0.0f);
+    float xr = r1 ? inv : (r2 ? mid : a);
+    float z = xr * xr;
+    float p = (((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f) * z * xr + xr;
+    float y = y0 + p, ny = -y;
+    return x < 0.0f ? ny : y;
+}
+#define expf vm_exp
+#define logf vm_log
+#define log1pf vm_log1p
+#define sqrtf vm_sqrt
+#define tanhf vm_tanh
+#define erff vm_erf
+#define sinf vm_sin
+#define cosf vm_cos
+#define atanf vm_atan
+#define fabsf vm_abs
+#define fmaxf vm_max
+#define fminf vm_min
+"""
+
 CUDA_BLOCK = r"""
 #define NTHREADS 256
 __device__ __forceinline__ float combine(float a, float b, int op) {
@@ -111,10 +240,10 @@ _COMBINE_CODE = {"sum": 0, "max": 1, "min": 2}
 _INIT = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 
 
-def _prelude(fmt: str) -> str:
-    head = "#include <math.h>\n"
+def _prelude(fmt: str, vector_math: bool = False) -> str:
+    head = "#include <math.h>\n#include <stdlib.h>\n" if fmt == "cpu" else "#include <math.h>\n"
     if fmt == "cpu":
-        return head + "#define DEV static inline\n" + HELPERS
+        return head + (VECTOR_MATH if vector_math else "") + "#define DEV static inline\n" + HELPERS
     return head + "#define DEV __device__ __forceinline__\n" + HELPERS + CUDA_BLOCK
 
 
@@ -304,7 +433,7 @@ def _fused(prog: Program, fmt: str) -> dict[str, str]:
     core = prog.core
     ref = _shape_ref(prog)
     cu = fmt == "cubin"
-    src: list[str] = [_prelude(fmt)]
+    src: list[str] = [_prelude(fmt, vector_math=True)]
     py: list[str] = []
     extra_py = ""
     if core is None:
@@ -313,7 +442,7 @@ def _fused(prog: Program, fmt: str) -> dict[str, str]:
         args = scope.c_args() + ["float* __restrict__ out", "long long n"]
         loop = ("for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; "
                 "i += (long long)gridDim.x * blockDim.x)" if cu else
-                "#pragma omp parallel for schedule(static)\n    for (long long i = 0; i < n; ++i)")
+                "#pragma omp parallel for simd schedule(static)\n    for (long long i = 0; i < n; ++i)")
         src.append(_kernel_decl(fmt, "fused_forward", args) + " {\n    " + loop + "\n        out[i] = pro(i, "
                    + ", ".join(scope.c_call()) + ");\n}\n")
         py += [f"out = torch.empty_like({ref})", f"n = out.numel()",
@@ -370,27 +499,37 @@ def _row_kernel_fused(fmt: str, core: RowOp, ps: _Scope, es: _Scope) -> str:
         "float* __restrict__ out", "long long outer", "long long cols", "long long inner"]
     lines: list[str] = []
     if fmt == "cpu":
-        lines += ["#pragma omp parallel for schedule(static)", "for (long long r = 0; r < outer * inner; ++r) {"]
-        body = ["long long base = (r / inner) * cols * inner + (r % inner);"]
+        # Each thread materialises one row's prologue values in a buffer (computed once, vectorised), then
+        # runs the passes over the buffer with SIMD reductions, then writes the row.
+        lines += ["#pragma omp parallel", "{",
+                  "    float* row = (float*)malloc(sizeof(float) * (size_t)cols);",
+                  "#pragma omp for schedule(static)",
+                  "    for (long long r = 0; r < outer * inner; ++r) {"]
+        body = ["long long base = (r / inner) * cols * inner + (r % inner);",
+                "#pragma omp simd",
+                f"for (long long c = 0; c < cols; ++c) row[c] = pro(base + c * inner{', ' + ', '.join(ps.c_call()) if ps.c_call() else ''});"]
         for var, comb, term, finish in passes:
-            acc = "double" if comb == "sum" else "float"
-            body.append(f"{acc} {var}_acc = {_INIT[comb]};")
+            red_clause = {"sum": "+", "max": "max", "min": "min"}[comb]
+            body.append(f"float {var}_acc = {_INIT[comb]};")
+            body.append(f"#pragma omp simd reduction({red_clause}:{var}_acc)")
             body.append("for (long long c = 0; c < cols; ++c) {")
-            body.append(f"    long long i = base + c * inner; float s = pro({pcall});")
+            body.append(f"    float s = row[c];")
             if comb == "sum":
                 body.append(f"    {var}_acc += {term};")
             else:
-                body.append(f"    {var}_acc = f{comb}f({var}_acc, {term});")
+                body.append(f"    float v = {term};")
+                body.append(f"    {var}_acc = v {'>' if comb == 'max' else '<'} {var}_acc ? v : {var}_acc;")
             body.append("}")
-            body.append(f"float {var} = (float){var}_acc;" + (f" {var} = {finish};" if finish else ""))
+            body.append(f"float {var} = {var}_acc;" + (f" {var} = {finish};" if finish else ""))
         if red is not None:
             body.append(f"out[r] = epi(r, {red}{', ' + ecall_tail if ecall_tail else ''});")
         else:
+            body.append("#pragma omp simd")
             body.append("for (long long c = 0; c < cols; ++c) {")
-            body.append(f"    long long i = base + c * inner; float s = pro({pcall});")
+            body.append(f"    long long i = base + c * inner; float s = row[c];")
             body.append(f"    out[i] = epi(i, {elem}{', ' + ecall_tail if ecall_tail else ''});")
             body.append("}")
-        lines += ["    " + b for b in body] + ["}"]
+        lines += ["        " + b for b in body] + ["    }", "    free(row);", "}"]
     else:
         body = ["long long r = blockIdx.x;", "long long base = (r / inner) * cols * inner + (r % inner);"]
         for var, comb, term, finish in passes:
@@ -419,15 +558,19 @@ def _scan_kernel_fused(fmt: str, core: Scan, ps: _Scope, es: _Scope) -> str:
     etail = ", " + etail if etail else ""
     args = ps.c_args() + es.c_args() + ["float* __restrict__ out", "long long rows", "long long cols"]
     if fmt == "cpu":
-        body = f"""#pragma omp parallel for schedule(static)
-for (long long r = 0; r < rows; ++r) {{
-    float acc = {ident};
-    for (long long c = 0; c < cols; ++c) {{
-        long long i = r * cols + c;
-        float s = pro({pcall});
-        acc = {comb.format(a="acc", b="s")};
-        out[i] = epi(i, acc{etail});
+        body = f"""#pragma omp parallel
+{{
+    float* buf = (float*)malloc(sizeof(float) * (size_t)cols);
+#pragma omp for schedule(static)
+    for (long long r = 0; r < rows; ++r) {{
+#pragma omp simd
+        for (long long c = 0; c < cols; ++c) buf[c] = pro(r * cols + c{', ' + ', '.join(ps.c_call()) if ps.c_call() else ''});
+        float acc = {ident};
+        for (long long c = 0; c < cols; ++c) {{ float s = buf[c]; acc = {comb.format(a="acc", b="s")}; buf[c] = acc; }}
+#pragma omp simd
+        for (long long c = 0; c < cols; ++c) out[r * cols + c] = epi(r * cols + c, buf[c]{etail});
     }}
+    free(buf);
 }}"""
     else:
         # Two-level scan: each thread scans a contiguous chunk, a block-wide scan of the chunk totals gives
@@ -487,7 +630,7 @@ def _gemm_fused(prog: Program, core: Gemm, fmt: str, src: list[str]) -> list[str
         ref = _shape_ref(prog)
         loop = ("for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; "
                 "i += (long long)gridDim.x * blockDim.x)" if cu else
-                "#pragma omp parallel for schedule(static)\n    for (long long i = 0; i < n; ++i)")
+                "#pragma omp parallel for simd schedule(static)\n    for (long long i = 0; i < n; ++i)")
         src.append(_kernel_decl(fmt, "prologue_fused", ps.c_args() + ["float* __restrict__ out", "long long n"])
                    + " {\n    " + loop + "\n        out[i] = pro(i, " + ", ".join(ps.c_call()) + ");\n}\n")
         py += [f"a_t = torch.empty_like({ref})", "n_a = a_t.numel()",
@@ -512,12 +655,14 @@ for (long long row = 0; row < batch * M; ++row) {{
         for (long long kk = 0; kk < K; ++kk) {{
             float av = a[kk];
             const float* brow = B + kk * b_sk;
+#pragma omp simd
             for (long long j = 0; j < N; ++j) c[j] += av * brow[j];
         }}
     }} else {{  // B stored [N, K]: dot products of contiguous rows
         for (long long j = 0; j < N; ++j) {{
             const float* bcol = B + j * b_sn;
             float s = 0.0f;
+#pragma omp simd reduction(+:s)
             for (long long kk = 0; kk < K; ++kk) s += a[kk] * bcol[kk];
             c[j] = s;
         }}

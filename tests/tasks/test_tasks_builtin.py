@@ -98,3 +98,18 @@ def test_single_op_categories_match_their_trace(splits):
         assert t.category == by_hand.get(t.id, traced), t.id
         if t.id in by_hand:
             assert traced == "reduction"
+
+
+@pytest.mark.gpu
+def test_gpu_split_sample_on_the_gpu(splits):
+    """On an H200: a sample of the GPU split runs on CUDA, in the 1-100 ms eager window (the estimate's check).
+
+    The whole split is measured with `cuda-agent tasks filter tasks/builtin/gpu_train.jsonl --device cuda
+    --workers 1 --out measured.jsonl --rejected off_window.jsonl`.
+    """
+    rng = random.Random(1)
+    sample = rng.sample(splits["gpu_train"], 3)
+    cfg = FilterConfig(device="cuda", check_compile=False, min_reps=3, max_reps=10)
+    for t, v in filter_in_process(sample, cfg):
+        print(t.id, t.metadata["eager_ms_estimate_h200"], "estimated ms;", v.eager_ms, "measured ms")
+        assert v.accepted, (t.id, v.reason, v.detail)

@@ -133,3 +133,16 @@ def test_config_validation():
     with pytest.raises(ValueError, match="eager_window_ms"):
         FilterConfig(eager_window_ms=[5.0, 1.0])
     assert FilterConfig(device="cuda").window == (1.0, 100.0)
+
+
+def test_pool_gives_up_when_workers_cannot_start(monkeypatch):
+    """A worker that dies before it is ready (a broken environment) ends the run with an error, not a loop."""
+    monkeypatch.setattr("tasks.filtering._worker_main", _die_at_start)
+    cfg = FilterConfig(check_compile=False, check_timing=False, workers=1, warm_compile=False)
+    with pytest.raises(RuntimeError, match="die while starting"):
+        with FilterPool(cfg, max_start_failures=2) as pool:
+            list(pool.map([make("return torch.tanh(x) * 3")]))
+
+
+def _die_at_start(conn, cfg_dict, slot=0):
+    raise SystemExit(3)
