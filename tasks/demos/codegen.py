@@ -216,25 +216,29 @@ _SCAN_OPS = {  # kind -> (C combine of (acc, v), identity)
 }
 
 # Row operations as passes: (variable, combine: sum|max|min, term over s and earlier variables, finish or None);
-# then the reduced value (reductions) or the per-element output (normalisations).
+# then per-row values computed once after the passes; then the reduced value (reductions) or the per-element
+# output (normalisations).
 _ROW_PASSES = {
-    "sum": ([("a", "sum", "s", None)], "a", None),
-    "mean": ([("a", "sum", "s", None)], "a / (float)cols", None),
-    "amax": ([("a", "max", "s", None)], "a", None),
-    "amin": ([("a", "min", "s", None)], "a", None),
-    "vector_norm": ([("a", "sum", "s * s", None)], "sqrtf(a)", None),
-    "logsumexp": ([("m", "max", "s", None), ("a", "sum", "expf(s - m)", None)], "m + logf(a)", None),
-    "var": ([("mu", "sum", "s", "mu / (float)cols"), ("a", "sum", "(s - mu) * (s - mu)", None)],
+    "sum": ([("a", "sum", "s", None)], [], "a", None),
+    "mean": ([("a", "sum", "s", None)], [], "a / (float)cols", None),
+    "amax": ([("a", "max", "s", None)], [], "a", None),
+    "amin": ([("a", "min", "s", None)], [], "a", None),
+    "vector_norm": ([("a", "sum", "s * s", None)], [], "sqrtf(a)", None),
+    "logsumexp": ([("m", "max", "s", None), ("a", "sum", "expf(s - m)", None)], [], "m + logf(a)", None),
+    "var": ([("mu", "sum", "s", "mu / (float)cols"), ("a", "sum", "(s - mu) * (s - mu)", None)], [],
             "a / (float)(cols - 1)", None),
-    "std": ([("mu", "sum", "s", "mu / (float)cols"), ("a", "sum", "(s - mu) * (s - mu)", None)],
+    "std": ([("mu", "sum", "s", "mu / (float)cols"), ("a", "sum", "(s - mu) * (s - mu)", None)], [],
             "sqrtf(a / (float)(cols - 1))", None),
-    "softmax": ([("m", "max", "s", None), ("a", "sum", "expf(s - m)", None)], None, "expf(s - m) / a"),
-    "softmin": ([("m", "max", "-s", None), ("a", "sum", "expf(-s - m)", None)], None, "expf(-s - m) / a"),
-    "log_softmax": ([("m", "max", "s", None), ("a", "sum", "expf(s - m)", None)], None, "s - m - logf(a)"),
-    "normalize": ([("a", "sum", "s * s", None)], None, "s / fmaxf(sqrtf(a), EPS)"),
+    "softmax": ([("m", "max", "s", None), ("a", "sum", "expf(s - m)", None)], [("rs", "1.0f / a")], None,
+                "expf(s - m) * rs"),
+    "softmin": ([("m", "max", "-s", None), ("a", "sum", "expf(-s - m)", None)], [("rs", "1.0f / a")], None,
+                "expf(-s - m) * rs"),
+    "log_softmax": ([("m", "max", "s", None), ("a", "sum", "expf(s - m)", None)], [("lse", "m + logf(a)")], None,
+                    "s - lse"),
+    "normalize": ([("a", "sum", "s * s", None)], [("rs", "1.0f / fmaxf(sqrtf(a), EPS)")], None, "s * rs"),
     "layer_norm": ([("mu", "sum", "s", "mu / (float)cols"), ("a", "sum", "(s - mu) * (s - mu)", None)],
-                   None, "(s - mu) / sqrtf(a / (float)cols + EPS) * W + B"),
-    "rms_norm": ([("a", "sum", "s * s", None)], None, "s / sqrtf(a / (float)cols + EPS) * W"),
+                   [("rs", "1.0f / sqrtf(a / (float)cols + EPS)")], None, "(s - mu) * rs * W + B"),
+    "rms_norm": ([("a", "sum", "s * s", None)], [("rs", "1.0f / sqrtf(a / (float)cols + EPS)")], None, "s * rs * W"),
 }
 _COMBINE_CODE = {"sum": 0, "max": 1, "min": 2}
 _INIT = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
@@ -483,16 +487,17 @@ def _affine_args(core: RowOp) -> list[str]:
     return out
 
 
-def _row_final(core: RowOp) -> tuple[list, str | None, str | None]:
-    passes, red, elem = _ROW_PASSES[core.kind]
+def _row_final(core: RowOp) -> tuple[list, str | None, str | None, list]:
+    """(passes, reduced value, per-element output, per-row values) with constants and affine terms filled in."""
+    passes, post, red, elem = _ROW_PASSES[core.kind]
+    post = [(v, e.replace("EPS", lit(core.eps))) for v, e in post]
     if elem is not None:
-        elem = (elem.replace("EPS", lit(core.eps)).replace("W", "ln_w[c]" if core.weight else "1.0f")
-                .replace("B", "ln_b[c]" if core.bias else "0.0f"))
-    return passes, red, elem
+        elem = elem.replace("W", "ln_w[c]" if core.weight else "1.0f").replace("B", "ln_b[c]" if core.bias else "0.0f")
+    return passes, red, elem, post
 
 
 def _row_kernel_fused(fmt: str, core: RowOp, ps: _Scope, es: _Scope) -> str:
-    passes, red, elem = _row_final(core)
+    passes, red, elem, post = _row_final(core)
     pcall = ", ".join(["i"] + ps.c_call())
     ecall_tail = ", ".join(es.c_call())
     args = ps.c_args() + es.c_args() + _affine_args(core) + [
@@ -521,6 +526,7 @@ def _row_kernel_fused(fmt: str, core: RowOp, ps: _Scope, es: _Scope) -> str:
                 body.append(f"    {var}_acc = v {'>' if comb == 'max' else '<'} {var}_acc ? v : {var}_acc;")
             body.append("}")
             body.append(f"float {var} = {var}_acc;" + (f" {var} = {finish};" if finish else ""))
+        body += [f"float {v} = {e};" for v, e in post]
         if red is not None:
             body.append(f"out[r] = epi(r, {red}{', ' + ecall_tail if ecall_tail else ''});")
         else:
@@ -540,6 +546,7 @@ def _row_kernel_fused(fmt: str, core: RowOp, ps: _Scope, es: _Scope) -> str:
             body.append("}")
             body.append(f"float {var} = block_reduce({var}_acc, {_COMBINE_CODE[comb]});"
                         + (f" {var} = {finish};" if finish else ""))
+        body += [f"float {v} = {e};" for v, e in post]
         if red is not None:
             body.append(f"if (threadIdx.x == 0) out[r] = epi(r, {red}{', ' + ecall_tail if ecall_tail else ''});")
         else:
@@ -749,7 +756,7 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     core = prog.core
     if isinstance(core, RowOp):
         extra_py = _PY_ROW
-        passes, red, elem = _row_final(core)
+        passes, red, elem, post = _row_final(core)
         cargs = ["const float* __restrict__ s_in"] + _affine_args(core) + [
             "float* __restrict__ out", "long long outer", "long long cols", "long long inner"]
         body = ["long long base = (r / inner) * cols * inner + (r % inner);"]
@@ -760,6 +767,7 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
             body.append(f"    {var}_acc = " + (f"{var}_acc + {term};" if comb == "sum" else f"f{comb}f({var}_acc, {term});"))
             body.append("}")
             body.append(f"float {var} = {var}_acc;" + (f" {var} = {finish};" if finish else ""))
+        body += [f"float {v} = {e};" for v, e in post]
         if red is not None:
             body.append(f"out[r] = {red};")
         else:
