@@ -36,26 +36,6 @@ def _tb(ws: str) -> str:
     return text[-_MAX_TB:]
 
 
-def _install_import_hook(allowed: set[str], violations: list[str]) -> None:
-    orig = builtins.__import__
-
-    def guarded(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
-        # PyImport_Import (imports made by C code, e.g. torch's dispatcher, while model_new's frame is current)
-        # passes the current frame's globals and a *list* fromlist; import statements pass None or a tuple.
-        c_level = isinstance(fromlist, list)
-        if not c_level and globals is not None and globals.get("__name__") == "model_new":
-            bad = level != 0 or name not in allowed
-            if not bad and name == "sandbox":
-                bad = any(f != "runtime" for f in (fromlist or ()))
-            if bad:
-                msg = f"model_new.py imports {'.' * level}{name} (not on the allow-list)"
-                violations.append(msg)
-                raise ImportError(msg)
-        return orig(name, globals, locals, fromlist, level)
-
-    builtins.__import__ = guarded
-
-
 def _tensors(v: Any) -> list:
     import torch
 
@@ -77,8 +57,13 @@ def _overlaps(a, b) -> bool:
 
 
 class Worker:
-    def __init__(self, ws: str, device: str, fmt: str):
+    def __init__(self, ws: str, device: str, fmt: str, flush_bytes: int = 0, monitor: bool = True):
         import torch
+
+        from sandbox import runtime
+        from sandbox.integrity import Monitor, StateSnapshot, install_import_hook, install_thread_guard
+        from sandbox.static_check import allowed_imports
+        from sandbox.timing import Timer, l2_flush_buffer
 
         self.torch = torch
         self.ws = ws
@@ -86,11 +71,21 @@ class Worker:
         self.fmt = fmt
         self.model = None
         self.inputs: tuple = ()
-        self.last_out: Any = None
-        self.import_violations: list[str] = []
         self.cuda = device.startswith("cuda")
-        self.flush = None
         self.io = os.path.join(ws, ".io")  # large tensors travel as files here (sandbox.wire spill)
+        # Trusted pieces, built before any candidate code exists (sandbox.integrity, sandbox.timing).
+        self.runtime = runtime
+        self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None)
+        libs, syms = _manifest_allow_list()
+        self.monitor = Monitor.install(ws, fmt, libs, syms) if monitor else Monitor(ws, fmt, libs, syms)
+        install_import_hook(allowed_imports(fmt), self.monitor)
+        if monitor:
+            install_thread_guard(self.monitor)
+        self.state = StateSnapshot()
+        self.equal = torch.equal
+        self.notes: list[str] = []
+        self.staged: list = []
+        self.timed_out: list = []
 
     def _to_device(self, v: Any) -> Any:
         torch = self.torch
@@ -108,24 +103,40 @@ class Worker:
             status = "runtime_error"
         return {"ok": False, "status": status, "error": err, "violations": violations or []}
 
+    def _integrity(self) -> list[str]:
+        """Violations of the in-process defences since the last look (as 'kind: detail' strings), plus tampering
+        with torch's callables or the timer; torch's flags are put back (noted, not a violation)."""
+        out = [f"{k}: {d}" for k, d in self.monitor.violations]
+        self.monitor.violations.clear()
+        out += [f"monkeypatch: torch function {n} was replaced by the solution" for n in self.state.replaced()[:4]]
+        out += [f"timer_tampering: {n} was replaced by the solution" for n in self.timer.tampered()]
+        changed = self.state.restore_flags()
+        if changed:
+            self.notes.append("torch flags changed by the solution were put back: " + ", ".join(changed))
+        return out
+
     def load(self, msg: dict) -> dict:
         from sandbox import wire
-        from sandbox.static_check import allowed_imports
 
-        _install_import_hook(allowed_imports(self.fmt), self.import_violations)
+        self.monitor.phase = "load"
         try:
             import importlib
 
             mod = importlib.import_module("model_new")
         except BaseException:  # noqa: BLE001 - anything the candidate throws is its load error
-            if self.import_violations:
-                return self._error("forbidden", list(self.import_violations))
+            self.monitor.phase = "harness"
+            viol = self._integrity()
+            if viol:
+                return self._error("forbidden", viol)
             return self._error("load_error")
+        finally:
+            self.monitor.phase = "harness"
         if not hasattr(mod, "ModelNew"):
             return {"ok": False, "status": "load_error", "error": "model_new.py defines no ModelNew", "violations": []}
         try:
             init_inputs = wire.decode_value(msg["init_inputs"], self.io)
             state = wire.decode_value(msg["state_dict"], self.io)
+            self.monitor.phase = "load"
             model = mod.ModelNew(*init_inputs)
             if not isinstance(model, self.torch.nn.Module):
                 return {"ok": False, "status": "load_error", "error": "ModelNew is not a torch.nn.Module",
@@ -133,88 +144,235 @@ class Worker:
             res = model.load_state_dict(state, strict=False)
             model = model.to(self.device).eval()
         except BaseException:  # noqa: BLE001
-            return self._error("load_error", list(self.import_violations))
+            self.monitor.phase = "harness"
+            viol = self._integrity()
+            return self._error("forbidden" if viol else "load_error", viol)
+        finally:
+            self.monitor.phase = "harness"
         self.model = model
         log = []
         if res.missing_keys:
             log.append(f"ModelNew has parameters/buffers the reference lacks (kept their own values): {res.missing_keys[:8]}")
         if res.unexpected_keys:
             log.append(f"reference weights ModelNew did not take: {res.unexpected_keys[:8]}")
-        if self.import_violations:
-            return {"ok": False, "status": "forbidden", "error": "", "violations": list(self.import_violations)}
-        return {"ok": True, "log": log}
+        viol = self._integrity()
+        if viol:
+            return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+        return {"ok": True, "log": log + self.notes}
 
-    def _call(self, poison: bool) -> tuple[Any, list[str]]:
+    def _call(self, inputs: tuple, poison: bool) -> tuple[Any, list[str], Any]:
         from sandbox.guard import ComputeGuard
 
         torch = self.torch
-        with torch.no_grad(), ComputeGuard(poison=poison) as g:
-            try:
-                out = self.model(*self.inputs)
-            finally:
-                viol = g.violations
-        return out, viol
+        g = ComputeGuard(poison=poison)
+        self.monitor.phase = "call"
+        try:
+            with torch.no_grad(), g:
+                out = self.model(*inputs)
+        finally:
+            self.monitor.phase = "harness"
+        return out, list(g.violations), g
+
+    def _check_outputs(self, out: Any, g: Any, inputs: tuple = ()) -> list[str]:
+        """Outputs must be plain tensors living in memory allocated during this call (see sandbox.guard); an output
+        that aliases an input is left to the alias rule (incorrect)."""
+        torch = self.torch
+        viol = []
+        ins = _tensors(inputs)
+        for i, o in enumerate(_tensors(out)):
+            if isinstance(o, torch.Tensor) and any(_overlaps(o, t) for t in ins):
+                continue
+            if type(o) is not torch.Tensor:
+                viol.append(f"lazy_output: output {i} is a {type(o).__name__}, not a plain torch.Tensor "
+                            "(tensor subclasses could compute later)")
+            elif o.numel() and o.untyped_storage().data_ptr() not in g.fresh:
+                viol.append(f"stale_output: output {i} was not allocated during this call (a cached, replayed, "
+                            "import-time or foreign tensor)")
+        return viol
+
+    def _launches(self) -> dict[str, int]:
+        return dict(self.runtime.launch_counts)
 
     def run(self, msg: dict) -> dict:
         from sandbox import wire
+        from sandbox.integrity import python_threads_in_workspace
 
         torch = self.torch
         self.inputs = tuple(self._to_device(wire.decode_value(msg["inputs"], self.io)))
         before = [t.clone() for t in _tensors(self.inputs)]
+        launches0 = self._launches()
         viol: list[str] = []
         try:
-            out, viol = self._call(bool(msg.get("poison", True)))
+            out, viol, g = self._call(self.inputs, bool(msg.get("poison", True)))
             if self.cuda:
                 torch.cuda.synchronize()
         except BaseException:  # noqa: BLE001
             from sandbox.guard import ForbiddenOpError
 
             exc = sys.exc_info()[1]
-            if viol or isinstance(exc, ForbiddenOpError):
-                return {"ok": False, "status": "forbidden", "error": str(exc), "violations": viol or [str(exc)]}
+            viol = viol or []
+            integ = self._integrity()
+            if viol or integ or isinstance(exc, ForbiddenOpError):
+                return {"ok": False, "status": "forbidden", "error": str(exc),
+                        "violations": viol + integ or [str(exc)]}
             return self._error("runtime_error")
-        if viol or self.import_violations:
-            return {"ok": False, "status": "forbidden", "error": "", "violations": viol + self.import_violations}
+        snapshot = [o.detach().clone() for o in _tensors(out) if isinstance(o, torch.Tensor)]
+        viol = viol + self._integrity() + self._check_outputs(out, g, self.inputs)
+        if viol:
+            return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+        launches = {k: v - launches0.get(k, 0) for k, v in self._launches().items() if v - launches0.get(k, 0)}
         outs = _tensors(out)
         ins = _tensors(self.inputs)
         alias = [f"output {i} shares memory with input {j}" for i, o in enumerate(outs) for j, t in enumerate(ins)
                  if _overlaps(o, t)]
         mutated = [f"input {j} was modified by forward" for j, (a, b) in enumerate(zip(ins, before))
-                   if not (a.shape == b.shape and torch.equal(a, b))]
+                   if not (a.shape == b.shape and self.equal(a, b))]
         try:
             enc = wire.encode_value(out, self.io)
         except (TypeError, RuntimeError) as e:
             return {"ok": False, "status": "runtime_error", "error": f"forward returned something that is not "
                                                                       f"tensors: {e}", "violations": []}
-        return {"ok": True, "outputs": enc, "violations": [], "alias": alias, "mutated": mutated}
+        # Anything still writing the outputs after forward returned (a thread, a forked child, a lazy tensor)?
+        late = [f"write_after_return: output {i} changed after forward returned" for i, (o, s) in
+                enumerate(zip(outs, snapshot)) if not _same(o, s, self.equal)]
+        late += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
+        late += self._integrity()
+        if late:
+            return {"ok": False, "status": "forbidden", "error": "", "violations": late}
+        self._scrub(outs, ins)
+        return {"ok": True, "outputs": enc, "violations": [], "alias": alias, "mutated": mutated,
+                "launches": launches, "ops": dict(g.ops_seen), "notes": self._take_notes()}
 
-    def time(self, msg: dict) -> dict:
-        from sandbox.timing import l2_flush_buffer, time_calls
+    def _take_notes(self) -> list[str]:
+        n, self.notes = self.notes, []
+        return n
 
-        calls = int(msg["calls"])
-        if self.cuda and self.flush is None:
-            self.flush = l2_flush_buffer(int(msg.get("flush_bytes", 0)), self.device)
-        holder: dict[str, Any] = {}
+    def _scrub(self, *groups: list) -> None:
+        """Overwrite memory the harness is done with (outputs, inputs) before it is freed, so a later allocation
+        that reuses it holds poison, not an earlier result."""
+        from sandbox.guard import poison_
 
-        def once() -> None:
-            out, viol = self._call(False)
-            holder["out"] = out
-            if viol:
-                holder.setdefault("viol", []).extend(viol)
+        params = {p.untyped_storage().data_ptr() for p in self.model.parameters()} if self.model is not None else set()
+        params |= {b.untyped_storage().data_ptr() for b in self.model.buffers()} if self.model is not None else set()
+        for grp in groups:
+            for t in grp:
+                if isinstance(t, self.torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in params:
+                    try:
+                        poison_(t)
+                    except RuntimeError:
+                        pass
 
-        try:
-            ms = time_calls(once, (), calls, self.cuda, self.flush)
-        except BaseException:  # noqa: BLE001
-            if holder.get("viol"):
-                return {"ok": False, "status": "forbidden", "error": "", "violations": holder["viol"]}
-            return self._error("runtime_error")
-        self.last_out = holder.get("out")
-        return {"ok": True, "ms_per_call": ms, "violations": holder.get("viol", [])}
-
-    def last_outputs(self, msg: dict) -> dict:
+    def stage(self, msg: dict) -> dict:
+        """Receive the input sets of the next timed repetition (fresh per call; untimed)."""
         from sandbox import wire
 
-        return {"ok": True, "outputs": wire.encode_value(self.last_out, self.io)}
+        self._drop_rep()
+        sets = wire.decode_value(msg["input_sets"], self.io)
+        self.staged = [tuple(self._to_device(s)) for s in sets]
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return {"ok": True, "n": len(self.staged)}
+
+    def _drop_rep(self) -> None:
+        if self.timed_out or self.staged:
+            self._scrub([t for o in self.timed_out for t in _tensors(o)], [t for s in self.staged for t in _tensors(s)])
+        self.timed_out = []
+        self.staged = []
+
+    def time(self, msg: dict) -> dict:
+        """Time one call per staged input set (sandbox.timing.Timer); keep the outputs for `sample`."""
+        from sandbox.integrity import python_threads_in_workspace
+
+        if not self.staged:
+            return {"ok": False, "status": "internal_error", "error": "time: no staged inputs", "violations": []}
+        holder: dict[str, Any] = {"viol": [], "outs": []}
+
+        def once(inputs: tuple) -> Any:
+            out, viol, g = self._call(inputs, False)
+            holder["g"] = g
+            holder["in"] = inputs
+            if viol:
+                holder["viol"].extend(viol)
+            return out
+
+        def after(out: Any) -> None:
+            holder["outs"].append(out)
+            holder["viol"].extend(self._check_outputs(out, holder["g"], holder["in"]))
+
+        launches0 = self._launches()
+        try:
+            r = self.timer.run(once, self.staged, after)
+        except BaseException:  # noqa: BLE001
+            viol = holder["viol"] + self._integrity()
+            if viol:
+                return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+            return self._error("runtime_error")
+        viol = holder["viol"] + self._integrity()
+        viol += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
+        if viol:
+            return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+        self.timed_out = holder["outs"]
+        launches = sum(self._launches().values()) - sum(launches0.values())
+        return {"ok": True, **r, "launches": launches, "violations": []}
+
+    def sample(self, msg: dict) -> dict:
+        """Values of the last repetition's outputs at the given flat positions (one list per output tensor), for
+        every call, and the full outputs of call `full`; then the repetition's memory is scrubbed."""
+        from sandbox import wire
+
+        torch = self.torch
+        pos = [torch.tensor(p, dtype=torch.long) for p in msg["positions"]]
+        samples = []
+        for out in self.timed_out:
+            ts = _tensors(out)
+            if len(ts) != len(pos):
+                samples.append(None)
+                continue
+            row = []
+            for t, p in zip(ts, pos):
+                flat = t.detach().reshape(-1)
+                row.append(flat[p.to(flat.device)].cpu() if flat.numel() and p.numel() and int(p.max()) < flat.numel()
+                           else torch.empty(0))
+            samples.append(row)
+        full = int(msg.get("full", -1))
+        full_out = self.timed_out[full] if 0 <= full < len(self.timed_out) else None
+        enc = {"samples": wire.encode_value(samples, self.io),
+               "full": wire.encode_value(full_out, self.io) if full_out is not None else None}
+        self._drop_rep()
+        return {"ok": True, **enc}
+
+    def ping(self, msg: dict) -> dict:
+        return {"ok": True}
+
+
+def _same(a: Any, b: Any, equal: Any) -> bool:
+    if a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(equal(a.isnan(), b.isnan())) and bool(equal(a.nan_to_num(), b.nan_to_num()))
+    return bool(equal(a, b))
+
+
+def _manifest_allow_list() -> tuple[set[str], set[str]]:
+    """Libraries and symbols the launcher may load for this build (from the manifest the trusted side wrote)."""
+    import json
+
+    path = os.environ.get("CUDA_AGENT_KERNELS_MANIFEST")
+    libs: set[str] = set()
+    syms: set[str] = set()
+    if not path:
+        return libs, syms
+    try:
+        m = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return libs, syms
+    for art in m.get("artifacts", []):
+        if art.get("path"):
+            libs.add(art["path"])
+        for ep in art.get("entry_points", []):
+            if isinstance(ep, dict) and ep.get("name"):
+                syms.add(ep["name"])
+    return libs, syms
 
 
 def preload(threads: int) -> None:
@@ -266,11 +424,12 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int) -> None:
     ws = os.path.realpath(setup["workspace"])
     os.chdir(ws)
     sys.path.insert(0, ws)
-    w = Worker(ws, device, setup.get("format", "cpu"))
-    if w.cuda:
+    if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    wire.send(fd_out, {"ok": True})
-    handlers = {"load": w.load, "run": w.run, "time": w.time, "last_outputs": w.last_outputs}
+    w = Worker(ws, device, setup.get("format", "cpu"), int(setup.get("flush_bytes", 0) or 0),
+               bool(setup.get("monitor", True)))
+    wire.send(fd_out, {"ok": True, "nonce": setup.get("nonce")})
+    handlers = {"load": w.load, "run": w.run, "time": w.time, "stage": w.stage, "sample": w.sample, "ping": w.ping}
     while True:
         try:
             msg = wire.recv(fd_in)
@@ -287,6 +446,7 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int) -> None:
                 reply = h(msg)
             except BaseException:  # noqa: BLE001
                 reply = {"ok": False, "status": "internal_error", "error": _tb(ws), "violations": []}
+        reply["nonce"] = msg.get("nonce") if isinstance(msg, dict) else None  # replies are matched to requests: a forged reply lacks the nonce
         try:
             wire.send(fd_out, reply)
         except wire.ChannelClosed:

@@ -57,6 +57,9 @@ class SandboxConfig:
     # --- verification
     static_checks: bool = True
     """Run the static checks of model_new.py and kernel sources (off only to exercise the runtime defences in tests)."""
+    runtime_monitor: bool = True
+    """Run the in-process defences of the candidate worker (sandbox.integrity: audit hook, thread guard); off only
+    to exercise the operating-system confinement underneath them in tests."""
     num_trials: int = 5
     """Fresh-seed input sets the candidate must match the reference on."""
     atol: float = -1.0
@@ -66,7 +69,19 @@ class SandboxConfig:
     poison_outputs: bool = True
     """Fill memory that forward allocates with NaN / a sentinel during verification."""
     check_timed_outputs: bool = True
-    """Check the outputs of the last timed call against the reference again after profiling."""
+    """Kept for configuration compatibility: timed outputs are always checked (sandbox.reference_worker._profile:
+    every timed call at random positions, one call per repetition in full)."""
+    shape_variants: bool = True
+    """Also verify on other shapes where the task declares shape parameters (each parameter roughly halved and made
+    odd, so sizes are not multiples of typical block sizes)."""
+    shape_variant_trials: int = 2
+    """Input sets per shape variant."""
+    value_variant: bool = True
+    """One more trial with floating-point inputs scaled by a random factor in [2, 4) (value-range shortcuts)."""
+    precision_median_rel_fp32: float = 1e-4
+    """Largest median relative error of a float32 output (sandbox.verify.precision_shortfall); 0 = no check."""
+    timed_input_bytes_max: int = 256 * 1024 * 1024
+    """Profile: bytes of fresh input sets per repetition (one set per timed call); bounds calls per repetition."""
 
     build_only: bool = False
     """Stop after the static checks and the build (the agent's `compile` tool): status ok with reward 0 when it

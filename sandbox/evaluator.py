@@ -58,6 +58,16 @@ def resolve_backend(backend: str) -> str:
         return "cpu"
 
 
+def shape_variants(shape_params: dict[str, int]) -> list[dict[str, int]]:
+    """Other shapes to verify on: every shape parameter roughly halved and made odd (so no size is a multiple of a
+    typical block size), e.g. {"batch_size": 64, "dim": 16384} -> [{"batch_size": 33, "dim": 8193}]. Empty when the
+    task declares no shape parameters or the variant equals the default."""
+    if not shape_params:
+        return []
+    v = {k: max(1, (int(n) // 2) | 1) for k, n in shape_params.items()}
+    return [] if v == dict(shape_params) else [v]
+
+
 def check_format(fmt: str, backend: str) -> None:
     """Raise ValueError when `fmt` is unknown or cannot run on `backend`."""
     if fmt not in FORMATS:
@@ -219,6 +229,7 @@ class Evaluator:
             job = {
                 "op": "evaluate", "task_id": task.id, "reference": task.reference,
                 "reference_hash": task.content_hash, "shape_overrides": {},
+                "shape_variants": shape_variants(task.shape_params) if cfg.shape_variants else [],
                 "atol": cfg.tolerances(task.atol, task.rtol)[0], "rtol": cfg.tolerances(task.atol, task.rtol)[1],
                 "workspace": str(ws.path), "model_py": str(ws.model_py), "manifest": b.manifest_path,
                 "format": fmt, "device": self.device,

@@ -9,6 +9,10 @@ so a solution's own kernels are never in the way.
 With `poison=True` (verification), memory returned by `empty`-style allocations is filled with NaN (floating
 dtypes) or a sentinel (integer dtypes) before the solution sees it, so elements a kernel never writes show up
 in the comparison instead of silently holding a previous result.
+
+`fresh` collects the storage addresses of tensors that allocation and copy ops made while the guard was active:
+the candidate worker requires every output of forward to live in such storage, so an output cached from an earlier
+call, built at import time, or wrapped around memory torch did not allocate (`torch.from_numpy`) is caught.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ META_OPS = {
 }
 COPY_OPS = {"clone", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"}
 ALLOWED_OPS = ALLOC_OPS | VIEW_OPS | META_OPS | COPY_OPS
+# ops whose result is new memory: an output of forward must live in storage one of these made during the call
+FRESH_OPS = POISON_ALLOC | {"zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like",
+                            "new_full", "scalar_tensor", "clone", "_to_copy", "lift_fresh_copy"}
 
 _INT_SENTINEL = {
     torch.int8: -77, torch.uint8: 0xA5, torch.int16: -31337, torch.int32: -123456789, torch.int64: -1234567890123,
@@ -62,6 +69,7 @@ class ComputeGuard(TorchDispatchMode):
         self.poison = poison
         self.violations: list[str] = []
         self.ops_seen: dict[str, int] = {}
+        self.fresh: set[int] = set()  # storage addresses allocated by FRESH_OPS during this guard
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
         kwargs = kwargs or {}
@@ -84,6 +92,8 @@ class ComputeGuard(TorchDispatchMode):
                 self.violations.append(msg)
                 raise ForbiddenOpError(msg)
         out = func(*args, **kwargs)
-        if self.poison and name in POISON_ALLOC and isinstance(out, torch.Tensor):
-            poison_(out)
+        if isinstance(out, torch.Tensor) and name in FRESH_OPS:
+            self.fresh.add(out.untyped_storage().data_ptr())
+            if self.poison and name in POISON_ALLOC:
+                poison_(out)
         return out

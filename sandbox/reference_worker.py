@@ -50,8 +50,8 @@ from sandbox.config import SandboxConfig
 from sandbox.jail import JailSpec, command_prefix, default_expose, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
-from sandbox.timing import l2_flush_buffer, time_calls
-from sandbox.verify import compare
+from sandbox.timing import Timer, agree, l2_flush_buffer
+from sandbox.verify import compare, precision_shortfall
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
@@ -279,7 +279,8 @@ class CandidateProcess:
         """Hand the worker its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied."""
         rl = {} if jail is not None else _rlimits(self.cfg, self.device)
         return self.request({"op": "setup", "workspace": ws, "format": fmt, "jail": jail.to_json() if jail else "",
-                             "env": env, "rlimits": rl}, timeout_s)
+                             "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
+                             "monitor": self.cfg.runtime_monitor}, timeout_s)
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -301,6 +302,8 @@ class CandidateProcess:
     def request(self, msg: dict, timeout_s: float) -> dict:
         """Send msg, wait for the reply. Raises wire.ChannelTimeout or CandidateDied."""
         deadline = time.monotonic() + timeout_s
+        nonce = secrets.token_hex(16)
+        msg = {**msg, "nonce": nonce}
         try:
             wire.send(self.fd_out, msg, timeout_s=timeout_s)
             reply = wire.recv(self.fd_in, timeout_s=max(0.01, deadline - time.monotonic()),
@@ -312,6 +315,10 @@ class CandidateProcess:
         if "__exit__" in reply and len(reply) == 1:  # written by the zygote's intermediate when the worker died
             self.exit_code = int(reply["__exit__"]) if isinstance(reply["__exit__"], int) else None
             raise self._died()
+        if reply.get("nonce") != nonce:
+            raise StageFailure(Status.FORBIDDEN, f"{msg.get('op')}: a reply that does not answer the request arrived "
+                                                 "(written by the solution, not the harness)",
+                               [Violation("forged_reply", f"reply to {msg.get('op')!r} without the request's nonce")])
         return reply
 
     def kill(self) -> None:
@@ -415,13 +422,28 @@ def _headline(tb: str) -> str:
     return lines[-1] if lines else ""
 
 
+VIOLATION_KINDS = {"import", "introspection", "tampering", "dynamic_code", "ctypes", "memory_read",
+                   "reference_access", "process", "network", "thread", "monkeypatch", "timer_tampering", "lazy_output",
+                   "stale_output", "write_after_return"}
+
+
+def _violation(v: str) -> Violation:
+    """A violation string from the candidate worker -> Violation (its "kind: detail" prefix, else by content)."""
+    head, _, rest = v.partition(": ")
+    if head in VIOLATION_KINDS and rest:
+        return Violation(head, rest)
+    if "imports" in v or "reaches __import__" in v:
+        return Violation("import", v)
+    return Violation("dispatch_op", v)
+
+
 def _reply_failure(reply: dict, stage: str) -> StageFailure:
     status = reply.get("status", "runtime_error")
     try:
         st = Status(status)
     except ValueError:
         st = Status.RUNTIME_ERROR
-    viol = [Violation("import" if "imports" in v else "dispatch_op", v) for v in reply.get("violations", [])]
+    viol = [_violation(v) for v in reply.get("violations", [])]
     err = (reply.get("error") or "").strip()
     last = _headline(err) if err else (viol[0].detail if viol else "")
     msg = f"{stage}: {last}" if last else stage
@@ -529,25 +551,29 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # ---------------------------------------------------------------- verify
         t2 = time.perf_counter()
         atol, rtol = job["atol"], job["rtol"]
+        fmt = job["format"]
+        prec = _precision_budget(cfg)
+        evidence = Evidence(job.get("manifest"), fmt)
         for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
             reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
                          cfg.trial_timeout_s, f"trial {i}")
-            tr = _check_reply(reply, ref, atol, rtol, i, io)
+            evidence.add(reply, f"trial {i}")
+            tr = _check_reply(reply, ref, atol, rtol, i, io, prec)
             out["trials"].append(tr.to_dict())
             if not tr.ok:
-                raise StageFailure(Status.INCORRECT, f"trial {i}: {tr.message}")
+                raise StageFailure(Status.INCORRECT, f"trial {i}: {tr.message}", _trial_violations(tr))
+        if cfg.value_variant:
+            _verify_value_variant(cand, state, cfg, atol, rtol, io, prec, evidence, out)
+        if job.get("shape_variants"):
+            _verify_shape_variants(cand, job, cache, state, cfg, device, atol, rtol, io, prec, evidence, out)
+        out["log"].extend(evidence.summary())
         out["stage_ms"]["verify"] = (time.perf_counter() - t2) * 1e3
         if not cfg.profile:
             out.update(status=Status.OK.value, message="correct on every trial (profiling off)", reward=0.0)
             return out
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
-        timing, extra_trial = _profile(cand, state, inputs_cpu[0], inputs_dev[0], ref_outs[0], cfg, cuda, device,
-                                       atol, rtol, out, io)
-        if extra_trial is not None:
-            out["trials"].append(extra_trial.to_dict())
-            if not extra_trial.ok:
-                raise StageFailure(Status.INCORRECT, f"outputs of the timed calls: {extra_trial.message}")
+        timing = _profile(cand, state, cfg, cuda, device, atol, rtol, out, io, fmt, prec)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
         out["timing"] = timing.to_dict()
         out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
@@ -581,7 +607,8 @@ def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str) -> dic
     return reply
 
 
-def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int, io: str | None) -> TrialResult:
+def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int, io: str | None,
+                 precision: dict[str, float] | None = None) -> TrialResult:
     if reply.get("alias"):
         raise StageFailure(Status.INCORRECT, f"trial {index}: {reply['alias'][0]} (return fresh output tensors)",
                            [Violation("alias", reply["alias"][0])])
@@ -592,15 +619,164 @@ def _check_reply(reply: dict, ref: Any, atol: float, rtol: float, index: int, io
         cand_out = wire.decode_value(reply["outputs"], io)
     except (ValueError, KeyError, TypeError) as e:
         raise StageFailure(Status.RUNTIME_ERROR, f"trial {index}: malformed outputs: {e}") from None
-    return compare(ref, cand_out, atol, rtol, index)
+    tr = compare(ref, cand_out, atol, rtol, index)
+    if tr.ok and precision:
+        msg = precision_shortfall(ref, cand_out, precision)
+        if msg:
+            tr.ok = False
+            tr.message = msg
+    return tr
 
 
-def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list, ref_out: Any, cfg: SandboxConfig,
-             cuda: bool, device: str, atol: float, rtol: float, out: dict,
-             io: str) -> tuple[TimingStats, TrialResult | None]:
+def _trial_violations(tr: TrialResult) -> list[Violation]:
+    if tr.message.startswith("precision:"):
+        return [Violation("precision", tr.message)]
+    return []
+
+
+def _precision_budget(cfg: SandboxConfig) -> dict[str, float]:
+    return {"float32": cfg.precision_median_rel_fp32, "float64": cfg.precision_median_rel_fp32} \
+        if cfg.precision_median_rel_fp32 > 0 else {}
+
+
+class Evidence:
+    """Runtime evidence of one evaluation: the solution's kernels launched per call (sandbox.runtime counts)
+    against the kernels the build defines, and the ATen ops dispatched inside forward (sandbox.guard)."""
+
+    def __init__(self, manifest: str | None, fmt: str):
+        import json
+
+        self.fmt = fmt
+        self.defined: list[str] = []
+        if manifest:
+            try:
+                m = json.loads(Path(manifest).read_text())
+                self.defined = sorted(ep["name"] for a in m.get("artifacts", []) for ep in a.get("entry_points", [])
+                                      if isinstance(ep, dict) and "name" in ep)
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        self.launched: dict[str, int] = {}
+        self.ops: dict[str, int] = {}
+        self.notes: list[str] = []
+
+    def add(self, reply: dict, where: str) -> None:
+        launches = reply.get("launches") or {}
+        for k, v in launches.items():
+            self.launched[k] = self.launched.get(k, 0) + int(v)
+        for k, v in (reply.get("ops") or {}).items():
+            self.ops[k] = self.ops.get(k, 0) + int(v)
+        self.notes.extend(reply.get("notes") or [])
+        if self.fmt in ("cpu", "cubin") and not launches:
+            msg = (f"{where}: forward launched none of the solution's kernels ({', '.join(self.defined) or 'none'} "
+                   "defined): the result came from something else")
+            raise StageFailure(Status.FORBIDDEN, msg, [Violation("no_kernel_launched", msg)])
+
+    def summary(self) -> list[str]:
+        out = list(dict.fromkeys(self.notes))
+        if self.fmt in ("cpu", "cubin"):
+            never = [k for k in self.defined if k not in self.launched]
+            out.append("kernels launched during verification: " +
+                       (", ".join(f"{k} x{v}" for k, v in sorted(self.launched.items())) or "none") +
+                       (f"; defined but never launched: {', '.join(never)}" if never else ""))
+        if self.ops:
+            out.append("ATen ops inside forward: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.ops.items())[:12]))
+        return out
+
+
+def _verify_value_variant(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, atol: float, rtol: float,
+                          io: str, prec: dict, evidence: Evidence, out: dict) -> None:
+    """One more trial whose floating-point inputs are scaled by a random factor in [2, 4): shortcuts that only
+    hold for the value range of get_inputs() fail here. Skipped when the reference is not finite there."""
+    rng = secrets.SystemRandom()
+    scale = 2.0 + 2.0 * rng.random()
+    x = [t * scale if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+         for t in state.make_inputs(secrets.randbits(62))]
+    try:
+        ref = state.reference_outputs(state.to_device(x))
+    except Exception as e:  # noqa: BLE001
+        out["log"].append(f"value-range trial skipped: the reference fails on scaled inputs ({type(e).__name__})")
+        return
+    refs = [ref] if isinstance(ref, torch.Tensor) else [r for r in ref if isinstance(r, torch.Tensor)]
+    if any(r.is_floating_point() and not bool(torch.isfinite(r).all()) for r in refs):
+        out["log"].append("value-range trial skipped: the reference is not finite on scaled inputs")
+        return
+    idx = len(out["trials"])
+    reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
+                 cfg.trial_timeout_s, "value-range trial")
+    evidence.add(reply, "value-range trial")
+    tr = _check_reply(reply, ref, atol, rtol, idx, io, prec)
+    out["trials"].append(tr.to_dict())
+    if not tr.ok:
+        msg = f"inputs scaled by {scale:.2f}: {tr.message}"
+        raise StageFailure(Status.INCORRECT, f"value-range trial: {msg}",
+                           _trial_violations(tr) or [Violation("value_range", msg)])
+
+
+def _verify_shape_variants(cand: CandidateProcess, job: dict, cache: "collections.OrderedDict[tuple, TaskState]",
+                           state: TaskState, cfg: SandboxConfig, device: str, atol: float, rtol: float, io: str,
+                           prec: dict, evidence: Evidence, out: dict) -> None:
+    """Verify on the task's other shapes (job["shape_variants"]: overrides of its shape parameters), then give
+    the candidate its default-shape model back for profiling."""
+    loaded_other = False
+    for ov in job["shape_variants"]:
+        key = (job["reference_hash"], device, tuple(sorted(ov.items())))
+        try:
+            vs = cache.get(key)
+            if vs is None:
+                vs = TaskState(job["reference"], job["task_id"], device, ov)
+                cache[key] = vs
+            xs = [vs.make_inputs(secrets.randbits(62)) for _ in range(cfg.shape_variant_trials)]
+            refs = [vs.reference_outputs(vs.to_device(x)) for x in xs]
+        except Exception as e:  # noqa: BLE001 - the reference does not support these shapes: not the candidate's fault
+            out["log"].append(f"shape variant {ov} skipped: the reference fails there ({type(e).__name__}: {str(e)[:120]})")
+            continue
+        label = ", ".join(f"{k}={v}" for k, v in ov.items())
+        reply = _load(cand, vs, job, io, f"load (shapes {label})")
+        loaded_other = True
+        for j, (x, ref) in enumerate(zip(xs, refs)):
+            reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
+                         cfg.trial_timeout_s, f"shapes {label}: trial {j}")
+            evidence.add(reply, f"shapes {label}: trial {j}")
+            tr = _check_reply(reply, ref, atol, rtol, len(out["trials"]), io, prec)
+            out["trials"].append(tr.to_dict())
+            if not tr.ok:
+                msg = f"shapes {label}: trial {j}: {tr.message}"
+                raise StageFailure(Status.INCORRECT, msg, _trial_violations(tr) or [Violation("shape_variant", msg)])
+    if loaded_other:
+        _load(cand, state, job, io, "load (default shapes)")
+
+
+def _load(cand: CandidateProcess, st: TaskState, job: dict, io: str, stage: str) -> dict:
+    try:
+        reply = cand.request({"op": "load", "init_inputs": wire.encode_value(st.init_inputs, io),
+                              "state_dict": wire.encode_value(st.state_dict, io)}, job["load_timeout_s"])
+    except wire.ChannelTimeout:
+        raise StageFailure(Status.TIMEOUT, f"{stage}: ModelNew construction ran past {job['load_timeout_s']:g} s") from None
+    except CandidateDied as e:
+        raise StageFailure(Status.RUNTIME_ERROR, f"{stage}: the candidate worker died ({_signal_name(e.returncode)})") from None
+    if not reply.get("ok"):
+        raise _reply_failure(reply, stage)
+    return reply
+
+
+def _tensor_list(v: Any) -> list:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensor_list(x)]
+    return []
+
+
+def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, atol: float,
+             rtol: float, out: dict, io: str, fmt: str, prec: dict) -> TimingStats:
+    """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
+    doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds, the same for
+    the three; the candidate's outputs of every call are checked at random positions chosen after the call, and
+    one call's outputs in full, against eager's outputs on the same inputs."""
     deadline = time.monotonic() + cfg.profile_timeout_s
     flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
-    x_ref = list(x_dev)
+    timer = Timer(cuda, flush)
+    rng = secrets.SystemRandom()
 
     def left() -> float:
         rem = deadline - time.monotonic()
@@ -608,68 +784,101 @@ def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list,
             raise StageFailure(Status.TIMEOUT, f"profile: ran past {cfg.profile_timeout_s:g} s")
         return rem
 
-    def eager() -> None:
+    def eager(a: list) -> Any:
         with torch.no_grad():
-            state.model(*x_ref)
+            return state.model(*a)
 
-    compiled = state.compiled_model(cfg.compile_mode, x_ref) if cfg.use_compile else None
+    x0 = state.to_device(state.make_inputs(secrets.randbits(62)))
+    compiled = state.compiled_model(cfg.compile_mode, x0) if cfg.use_compile else None
     if state.compile_error:
         out["log"].append(state.compile_error)
 
-    def comp() -> None:
+    def comp(a: list) -> Any:
         with torch.no_grad():
-            compiled(*x_ref)
+            return compiled(*a)
 
-    # candidate must be on the timing inputs (trial 0's): run them once more, unpoisoned
-    reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x_cpu, io), "poison": False}, cfg.trial_timeout_s,
-                 "profile")
-    _check_reply(reply, ref_out, atol, rtol, cfg.num_trials, io)  # consumes (and removes) its spilled outputs
+    rtts = []
+    for _ in range(3):
+        tp = time.perf_counter()
+        _run(cand, {"op": "ping"}, left(), "profile")
+        rtts.append((time.perf_counter() - tp) * 1e3)
+    rtt = min(rtts)
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)
         if r:
             out["nvml"].append({**r, "when": "profile_start"})
-    # warm-up
-    for _ in range(cfg.warmup_calls):
-        eager()
-        if compiled is not None:
-            comp()
+    # warm-up (fresh inputs for the candidate too)
     if cfg.warmup_calls:
-        _run(cand, {"op": "time", "calls": cfg.warmup_calls, "flush_bytes": cfg.l2_flush_bytes}, left(), "profile warm-up")
-    one = time_calls(eager, (), 1, cuda, flush)
-    calls = max(1, min(cfg.max_calls_per_rep, math.ceil(cfg.min_rep_ms / max(one, 1e-6))))
+        warm = [state.make_inputs(secrets.randbits(62)) for _ in range(cfg.warmup_calls)]
+        warm_dev = [state.to_device(x) for x in warm]
+        timer.run(eager, warm_dev)
+        if compiled is not None:
+            timer.run(comp, warm_dev)
+        _run(cand, {"op": "stage", "input_sets": wire.encode_value(warm, io)}, left(), "profile warm-up")
+        _run(cand, {"op": "time"}, left(), "profile warm-up")
+    one = timer.run(eager, [x0])["ms_per_call"]
+    in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(x0)) or 1
+    calls = max(1, min(cfg.max_calls_per_rep, math.ceil(cfg.min_rep_ms / max(one, 1e-6)),
+                       max(1, cfg.timed_input_bytes_max // in_bytes)))
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
+    disagreements = 0
+    gross = 0
     for r in range(cfg.reps):
+        sets = [state.make_inputs(secrets.randbits(62)) for _ in range(calls)]
+        sets_dev = [state.to_device(x) for x in sets]
+        _run(cand, {"op": "stage", "input_sets": wire.encode_value(sets, io)}, left(), "profile")
+        ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
             if im == "eager":
-                samples[im].append(time_calls(eager, (), calls, cuda, flush))
+                res = timer.run(eager, sets_dev, ref_outs.append)
+                samples[im].append(res["ms_per_call"])
             elif im == "compiled":
-                samples[im].append(time_calls(comp, (), calls, cuda, flush))
+                samples[im].append(timer.run(comp, sets_dev)["ms_per_call"])
             else:
                 tw = time.perf_counter()
-                reply = _run(cand, {"op": "time", "calls": calls, "flush_bytes": cfg.l2_flush_bytes}, left(), "profile")
-                walls.append((time.perf_counter() - tw) * 1e3 / calls)
-                ms = float(reply.get("ms_per_call", float("nan")))
-                if not (ms > 0 and math.isfinite(ms)):
-                    raise StageFailure(Status.RUNTIME_ERROR, f"profile: the candidate reported a bad time {ms!r}")
+                reply = _run(cand, {"op": "time"}, left(), "profile")
+                wall = (time.perf_counter() - tw) * 1e3
+                walls.append(wall / calls)
+                if fmt in ("cpu", "cubin") and not reply.get("launches"):
+                    msg = "timed calls launched none of the solution's kernels"
+                    raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
+                loop = float(reply.get("loop_ms", float("nan")))
+                ev = float(reply.get("event_ms", float("nan")))
+                if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
+                    raise StageFailure(Status.RUNTIME_ERROR, f"profile: the candidate reported a bad time {loop!r}")
+                ms = ev / calls
+                if not agree(loop, wall, rtt):
+                    disagreements += 1
+                    if loop < 0.5 * (wall - rtt) and wall - rtt > 5.0:
+                        gross += 1
+                    ms = max(wall - rtt, loop) / calls
+                elif cuda and (ev > loop + 0.1 or ev < 0.5 * loop - 0.05 * calls):
+                    disagreements += 1
+                    ms = loop / calls
                 samples[im].append(ms)
+        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec)
+        del sets_dev, ref_outs
+    if gross > cfg.reps // 2:
+        msg = (f"the candidate's in-process timings fell far short of the trusted wall clock in {gross} of "
+               f"{cfg.reps} repetitions (round trip {rtt:.2f} ms)")
+        raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("timer_tampering", msg)])
+    if disagreements:
+        out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
+                          "wall clock; the wall clock (less the request round trip) was used for those")
     if cuda:
         r = _nvml(torch.device(device).index or 0)
         if r:
             out["nvml"].append({**r, "when": "profile_end"})
-    extra = None
-    if cfg.check_timed_outputs:
-        reply = _run(cand, {"op": "last_outputs"}, cfg.trial_timeout_s, "profile")
-        extra = _check_reply(reply, ref_out, atol, rtol, cfg.num_trials, io)
     se = bootstrap_speedup(samples["eager"], samples["candidate"], cfg.bootstrap_samples, cfg.ci_level)
     sc = (bootstrap_speedup(samples["compiled"], samples["candidate"], cfg.bootstrap_samples, cfg.ci_level)
           if compiled is not None else None)
     level, why = milestone(se, sc, cfg.faster_than_eager, cfg.faster_than_compile, cfg.top_margin)
     state.last_baselines = {k: v for k, v in samples.items() if k != "candidate"}
-    timing = TimingStats(
+    return TimingStats(
         device=torch.cuda.get_device_name(device) if cuda else "cpu",
         calls_per_rep=calls, warmup_calls=cfg.warmup_calls,
         eager=distribution(samples["eager"]),
@@ -678,7 +887,47 @@ def _profile(cand: CandidateProcess, state: TaskState, x_cpu: list, x_dev: list,
         speedup_eager=se, speedup_compile=sc, candidate_wall_ms=walls, baseline_policy="interleaved",
         milestone=level, milestone_reason=why,
     )
-    return timing, extra
+
+
+def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,
+                 rng: "secrets.SystemRandom", rep: int, prec: dict) -> None:
+    """Check one repetition's timed outputs: every call at random positions (chosen now, after the calls), one
+    call in full. A mismatch is `incorrect` with a `timed_output_mismatch` violation (replayed or cached outputs,
+    work skipped while timed)."""
+    refs = [[t.detach().cpu() for t in _tensor_list(o)] for o in ref_outs]
+    if not refs or not refs[0]:
+        return
+    positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
+    full = rng.randrange(len(refs))
+    reply = _run(cand, {"op": "sample", "positions": positions, "full": full}, 60.0, "profile check")
+    try:
+        got = wire.decode_value(reply["samples"], io)
+        full_out = wire.decode_value(reply["full"], io) if reply.get("full") is not None else None
+    except (ValueError, KeyError, TypeError) as e:
+        raise StageFailure(Status.RUNTIME_ERROR, f"profile check: malformed samples: {e}") from None
+    if not isinstance(got, list) or len(got) != len(refs):
+        raise StageFailure(Status.INCORRECT, "profile check: timed outputs missing",
+                           [Violation("timed_output_mismatch", "the timed calls' outputs are missing")])
+    for k, (row, ref) in enumerate(zip(got, refs)):
+        if not isinstance(row, list) or len(row) != len(ref):
+            msg = f"repetition {rep}, timed call {k}: output structure differs"
+            raise StageFailure(Status.INCORRECT, f"profile: {msg}", [Violation("timed_output_mismatch", msg)])
+        for j, (vals, rt) in enumerate(zip(row, ref)):
+            if not positions[j]:
+                continue
+            rv = rt.reshape(-1)[torch.tensor(positions[j], dtype=torch.long)]
+            tr = compare(rv, vals, atol, rtol, k)
+            if not tr.ok:
+                msg = f"repetition {rep}, timed call {k}, output {j}: {tr.message}"
+                raise StageFailure(Status.INCORRECT, f"profile: {msg}", [Violation("timed_output_mismatch", msg)])
+    tr = compare(_to_cpu(ref_outs[full]), full_out, atol, rtol, full)
+    if tr.ok and prec:
+        p = precision_shortfall(_to_cpu(ref_outs[full]), full_out, prec)
+        if p:
+            raise StageFailure(Status.INCORRECT, f"profile: {p}", [Violation("precision", p)])
+    if not tr.ok:
+        msg = f"repetition {rep}, timed call {full} (full check): {tr.message}"
+        raise StageFailure(Status.INCORRECT, f"profile: {msg}", [Violation("timed_output_mismatch", msg)])
 
 
 # ----------------------------------------------------------------------------------------------------- process

@@ -1,41 +1,39 @@
-"""One timed repetition, the same code for the reference side and the candidate worker (same policy for both).
+"""Timed repetitions, the same policy for the reference side and the candidate worker.
 
-CPU: `time.perf_counter` around `calls` back-to-back calls. CUDA: per call, the L2 cache is flushed (a write over
-a buffer larger than L2), the device is synchronised, a start event is recorded, the call runs, the whole device
-is synchronised again (so work the call left on other streams is finished) and only then the end event is
-recorded; per-call time is the mean of the event intervals. Returns ms per call.
+What is trusted, and why:
+- The trusted worker's own clock (`time.perf_counter` in the trusted process) is the only clock the candidate
+  cannot touch. The trusted side measures wall-clock time around every candidate repetition (one `time` request:
+  the child synchronises the device before it answers) and accepts the candidate's in-process figure only when it
+  agrees with that wall clock (`agree`); otherwise the wall clock, less the measured round-trip of an empty
+  request, is used and the disagreement is logged (and, when gross, reported as a violation).
+- In the candidate's process, device events have to be recorded in its own CUDA context, so a `Timer` is built
+  there before the solution is imported: it captures the clock, the synchronisation and event functions it will
+  use (the objects themselves, so a later monkeypatch of `torch.cuda.synchronize` or `time.perf_counter` does not
+  reach it), and `Timer.tampered()` reports any of them, or this module's functions, that were replaced since.
+- Per call on CUDA: persisting-L2 lines are reset (`cuCtxResetPersistingL2Cache`, persisting set-aside limit 0:
+  an access-policy window cannot keep data in L2 across calls), L2 is flushed (a write over a buffer larger than
+  L2), the device is synchronised, the start event recorded, the call runs, the whole device is synchronised (work
+  on side streams counts) and the end event recorded. The in-loop wall clock of each call is kept next to its
+  event time: events that claim much less than the wall clock around them are not believed either.
+- CPU: `perf_counter` around each call; the trusted side's wall clock bounds it the same way.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+
+_PERF = time.perf_counter
 
 
 def time_calls(fn: Callable[..., Any], args: tuple, calls: int, cuda: bool,
                flush: torch.Tensor | None = None) -> float:
-    """ms per call of `fn(*args)` over `calls` calls (see module doc). Exceptions from fn propagate."""
-    if not cuda:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        return (time.perf_counter() - t0) * 1e3 / calls
-    pairs = []
-    for _ in range(calls):
-        if flush is not None:
-            flush.zero_()
-        torch.cuda.synchronize()
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn(*args)
-        torch.cuda.synchronize()
-        e.record()
-        pairs.append((s, e))
-    pairs[-1][1].synchronize()
-    return sum(s.elapsed_time(e) for s, e in pairs) / calls
+    """ms per call of `fn(*args)` over `calls` calls (trusted-side helper for the baselines' calibration)."""
+    t = Timer(cuda, flush)
+    return t.run(lambda a: fn(*a), [args] * calls)["ms_per_call"]
 
 
 def l2_flush_buffer(nbytes: int, device: str) -> torch.Tensor | None:
@@ -43,3 +41,118 @@ def l2_flush_buffer(nbytes: int, device: str) -> torch.Tensor | None:
     if nbytes <= 0 or not device.startswith("cuda"):
         return None
     return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+
+class PersistingL2:
+    """Resets persisting L2 lines and the persisting set-aside of the current context (driver API, ctypes).
+    A no-op where libcuda or the calls are missing (CPU hosts, old drivers): `available` says which."""
+
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
+
+    def __init__(self) -> None:
+        self.available = False
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            self._reset = lib.cuCtxResetPersistingL2Cache
+            self._limit = lib.cuCtxSetLimit
+            self._limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+            self.available = True
+        except (OSError, AttributeError):
+            pass
+
+    def reset(self) -> None:
+        if self.available:
+            self._limit(self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+            self._reset()
+
+
+class Timer:
+    """Times calls with fresh arguments per call. Build it before any untrusted code runs (see module doc)."""
+
+    def __init__(self, cuda: bool, flush: torch.Tensor | None = None):
+        self.cuda = cuda
+        self.flush = flush
+        self._perf = _PERF
+        self._refs: dict[str, Any] = {"time.perf_counter": time.perf_counter, "timing.Timer.run": Timer.run,
+                                      "timing.Timer.tampered": Timer.tampered}
+        if cuda:
+            self._sync = torch.cuda.synchronize
+            self._event = torch.cuda.Event
+            self._record = torch.cuda.Event.record
+            self._elapsed = torch.cuda.Event.elapsed_time
+            self._l2 = PersistingL2()
+            self._refs.update({"torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+                               "torch.cuda.Event.record": torch.cuda.Event.record,
+                               "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+                               "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
+        self._codes = {k: getattr(v, "__code__", None) for k, v in self._refs.items()}
+
+    def _current(self) -> dict[str, Any]:
+        cur = {"time.perf_counter": time.perf_counter, "timing.Timer.run": Timer.run,
+               "timing.Timer.tampered": Timer.tampered}
+        if self.cuda:
+            cur.update({"torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+                        "torch.cuda.Event.record": torch.cuda.Event.record,
+                        "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+                        "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
+        return cur
+
+    def tampered(self) -> list[str]:
+        """Names of the timing functions that were replaced (or whose code was swapped) since construction."""
+        out = []
+        for k, v in self._current().items():
+            if v is not self._refs[k] or getattr(v, "__code__", None) is not self._codes[k]:
+                out.append(k)
+        return out
+
+    def run(self, fn: Callable[[Any], Any], args_per_call: Sequence[Any], after: Callable[[Any], None] | None = None,
+            ) -> dict[str, Any]:
+        """Call fn(args_per_call[k]) for each k, timed. `after(out)` runs untimed after each call.
+
+        Returns {ms_per_call, loop_ms (in-process wall clock over the timed regions), event_ms (CUDA: sum of event
+        intervals; CPU: same as loop_ms), calls}. Exceptions from fn propagate.
+        """
+        perf = self._perf
+        calls = len(args_per_call)
+        loop = 0.0
+        if not self.cuda:
+            for a in args_per_call:
+                t0 = perf()
+                out = fn(a)
+                loop += perf() - t0
+                if after is not None:
+                    after(out)
+            ms = loop * 1e3
+            return {"ms_per_call": ms / max(calls, 1), "loop_ms": ms, "event_ms": ms, "calls": calls}
+        sync, rec, ela = self._sync, self._record, self._elapsed
+        pairs = []
+        for a in args_per_call:
+            self._l2.reset()
+            if self.flush is not None:
+                self.flush.zero_()
+            sync()
+            s = self._event(enable_timing=True)
+            e = self._event(enable_timing=True)
+            t0 = perf()
+            rec(s)
+            out = fn(a)
+            sync()
+            rec(e)
+            loop += perf() - t0
+            pairs.append((s, e))
+            if after is not None:
+                after(out)
+        sync()
+        ev = sum(ela(s, e) for s, e in pairs)
+        return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls}
+
+
+def agree(in_process_ms: float, wall_ms: float, rtt_ms: float) -> bool:
+    """Whether an in-process figure for one repetition agrees with the trusted wall clock around it.
+
+    It must not exceed the wall clock (plus 0.5 ms of clock granularity), and the wall clock may exceed it only by
+    the round trip of an empty request plus slack: max(2 ms, 4 x rtt, 25% of the wall clock).
+    """
+    if in_process_ms > wall_ms + 0.5:
+        return False
+    return wall_ms - in_process_ms <= max(2.0, 4.0 * rtt_ms, 0.25 * wall_ms)

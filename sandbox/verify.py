@@ -93,3 +93,34 @@ def compare(ref: Any, cand: Any, atol: float, rtol: float, index: int) -> TrialR
     ok = mismatched == 0
     return TrialResult(index, ok, max_abs_err=max_abs, max_rel_err=max_rel, mismatched=mismatched, numel=numel,
                        message="; ".join(problems))
+
+
+def precision_shortfall(ref: Any, cand: Any, budget: dict[str, float], floor: float = 1e-2) -> str:
+    """"" when the candidate's precision is as expected, else a message starting with "precision:".
+
+    Tolerances (atol/rtol 1e-2) are wide enough for a kernel that computes in bfloat16 or TF32 to pass; they are
+    meant for the differences of a different summation order. This check looks at the *median* relative error over
+    all elements, |cand - ref| / max(|ref|, floor), which an fp32 kernel keeps near 1e-7..1e-5 whatever its order
+    of operations, and which reduced precision lifts to 1e-4..1e-3. budget: dtype name -> largest allowed median
+    (dtypes not in it are not checked).
+    """
+    r = flatten_outputs(ref)
+    c = flatten_outputs(cand)
+    if r is None or c is None or len(r) != len(c):
+        return ""
+    for i, (rt, ct) in enumerate(zip(r, c)):
+        name = str(rt.dtype).removeprefix("torch.")
+        if name not in budget or rt.numel() < 16 or rt.shape != ct.shape:
+            continue
+        rd = rt.detach().cpu().double().reshape(-1)
+        cd = ct.detach().cpu().double().reshape(-1)
+        ok = torch.isfinite(rd) & torch.isfinite(cd)
+        if int(ok.sum()) < 16:
+            continue
+        rel = ((cd[ok] - rd[ok]).abs() / rd[ok].abs().clamp_min(floor))
+        med = float(rel.median())
+        if med > budget[name]:
+            where = f"output {i}" if len(r) > 1 else "output"
+            return (f"precision: {where}: median relative error {med:.2e} exceeds the {name} budget "
+                    f"{budget[name]:.0e} (reduced precision beyond what the tolerance is for)")
+    return ""

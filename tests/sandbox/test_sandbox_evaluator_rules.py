@@ -112,8 +112,8 @@ def test_load_timeout_profile_off_and_trusted_worker_replaced(sandbox_tmp):
 
 
 def test_candidate_confinement_end_to_end(sandbox_tmp, tmp_path):
-    """With the static checks off, a solution that tries to write outside its workspace and to open a connection at
-    import time is stopped by the OS (read-only mounts, its own network namespace), and so is a fork bomb."""
+    """With the static checks and the in-process monitor off, a solution that tries to write outside its workspace
+    and to open a connection at import time is stopped by the OS (read-only mounts, its own network namespace)."""
     import socket
 
     from sandbox.evaluator import Evaluator
@@ -138,7 +138,7 @@ if rc == 0:
     raise RuntimeError("ESCAPED: connected to the host")
 """
     files = {**FAST, "model_new.py": attack + FAST["model_new.py"]}
-    cfg = cpu_config(sandbox_tmp / "conf", static_checks=False, profile=False)
+    cfg = cpu_config(sandbox_tmp / "conf", static_checks=False, runtime_monitor=False, profile=False)
     with Evaluator(cfg) as ev:
         res = ev.evaluate(load_task(TASK), files, "cpu")
     srv.settimeout(0.5)

@@ -1,0 +1,345 @@
+"""Trusted defences that live inside the candidate worker's process, installed before the solution is imported.
+
+The candidate's Python code shares a process with this code, so nothing here is a wall: the walls are the other
+process (the trusted worker holds the reference, the seeds and the expected outputs; the candidate never has
+them) and the operating system (sandbox.jail). What this module adds is detection of the capabilities a reward
+hack needs, at a level the solution cannot switch off:
+
+- `Monitor`: a `sys.addaudithook` hook (hooks cannot be removed once added). While candidate code is on the call
+  stack (a frame whose file lies in the workspace) it records, and refuses by raising, the events a hack needs:
+  frame and garbage-collector introspection (`sys._getframe`, `tb_frame`/`gi_frame`, `gc.get_objects`), `exec` /
+  `compile` from candidate frames, code-object swaps (`__code__` assignment), libraries and symbols loaded through
+  ctypes other than the build's own artefacts and the launcher's driver calls, raw memory reads through ctypes,
+  `/proc/*/mem` and the reference file, processes, sockets, `mmap`, new audit hooks and thread starts.
+- The import hook (`install_import_hook`): an import statement in candidate code is recognised from the bytecode
+  of the importing frame (`IMPORT_NAME`), not from the arguments; any other route to `__import__` with a candidate
+  frame as the caller (an explicit `__import__` call, or C code running on the candidate's behalf) may only reach
+  allow-listed modules or torch's own.
+- `StateSnapshot`: torch's global flags (TF32, cuDNN, default dtype, matmul precision, deterministic mode, threads)
+  are restored to their trusted values after every candidate call (neutralised, noted in the log), and the
+  identities of torch's public callables (`torch.*`, `torch.nn.functional.*`, `torch.Tensor.*`, `torch.cuda.*`)
+  are compared with the trusted snapshot: a monkeypatched torch function is a violation.
+- `python_threads_in_workspace`: Python threads still running candidate code after a call returned.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import os
+import re
+import sys
+import threading
+from typing import Any
+
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "gi_code"}
+_PROC_MEM = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/(mem|pagemap|maps|smaps|environ|cmdline|fd)")
+_PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
+                   "os.kill", "os.killpg", "pty.spawn", "os.startfile"}
+_NET_EVENTS = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto"}
+_INTROSPECTION_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                         "sys._current_exceptions", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+                         "cpython._PySys_ClearAuditHooks", "sys.monitoring.register_callback"}
+_CTYPES_MEMORY = {"ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.dlsym/handle"}
+DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleGetFunction", "cuDevicePrimaryCtxRetain",
+                  "cuCtxGetCurrent", "cuCtxSetCurrent", "cuFuncSetAttribute", "cuInit"}
+DRIVER_LIBS = {"libcuda.so.1", "libcuda.so"}
+
+
+class IntegrityError(ImportError):
+    """Raised into candidate code when it uses a capability a reward hack needs (the record is kept)."""
+
+
+class Monitor:
+    """The audit hook (see module doc). One per process: `Monitor.install(...)`; read `violations`."""
+
+    _instance: "Monitor | None" = None
+
+    def __init__(self, workspace: str, fmt: str, allowed_libs: set[str], allowed_symbols: set[str]):
+        self.ws = os.path.realpath(workspace).rstrip("/") + "/"
+        self.fmt = fmt
+        self.allowed_libs = {os.path.realpath(p) if "/" in p else p for p in allowed_libs} | DRIVER_LIBS
+        self.allowed_symbols = set(allowed_symbols) | DRIVER_SYMBOLS
+        self.violations: list[tuple[str, str]] = []
+        self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
+        self._busy = False
+        self._getframe = sys._getframe
+        self._reference = os.path.join(self.ws, "model.py")
+
+    @classmethod
+    def install(cls, workspace: str, fmt: str, allowed_libs: set[str], allowed_symbols: set[str]) -> "Monitor":
+        if cls._instance is not None:
+            m = cls._instance
+            m.allowed_libs |= {os.path.realpath(p) if "/" in p else p for p in allowed_libs}
+            m.allowed_symbols |= set(allowed_symbols)
+            return m
+        m = cls(workspace, fmt, allowed_libs, allowed_symbols)
+        sys.addaudithook(m._hook)
+        cls._instance = m
+        return m
+
+    # -------------------------------------------------------------------- attribution
+    def _is_candidate(self, code: Any) -> bool:
+        fn = code.co_filename
+        return fn.startswith(self.ws) and not fn.endswith("/model.py")
+
+    def _candidate_on_stack(self, depth: int) -> bool:
+        f = self._getframe(depth)
+        while f is not None:
+            if self._is_candidate(f.f_code):
+                return True
+            f = f.f_back
+        return False
+
+    def _caller_is_candidate(self, depth: int) -> bool:
+        f = self._getframe(depth)
+        return f is not None and self._is_candidate(f.f_code)
+
+    def record(self, kind: str, detail: str) -> None:
+        self.violations.append((kind, detail))
+
+    # -------------------------------------------------------------------- the hook
+    def _hook(self, event: str, args: tuple) -> None:
+        if self._busy or self.phase == "harness":
+            return
+        self._busy = True
+        try:
+            verdict = self._judge(event, args)
+        finally:
+            self._busy = False
+        if verdict is not None:
+            self.record(*verdict)
+            raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
+
+    def _judge(self, event: str, args: tuple) -> tuple[str, str] | None:  # noqa: C901 - one table of rules
+        # frame 0 is _judge, 1 is _hook, 2 the Python frame that called the C function raising the event
+        if event in ("sys._getframe", "sys._getframemodulename"):
+            if self._caller_is_candidate(2):
+                return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
+            return None
+        if event == "object.__getattr__":
+            name = args[1] if len(args) > 1 else ""
+            if name in _FRAME_ATTRS and self._candidate_on_stack(2):
+                return ("introspection", f"access to .{name} by the solution (frame inspection)")
+            return None
+        if event == "object.__setattr__":
+            name = args[1] if len(args) > 1 else ""
+            if name in ("__code__", "__defaults__", "__kwdefaults__") and self._candidate_on_stack(2):
+                return ("tampering", f"the solution replaced {name} of {getattr(args[0], '__qualname__', '?')}")
+            return None
+        if event in ("exec", "compile"):
+            if self._caller_is_candidate(2):
+                return ("dynamic_code", f"{event}() called by the solution")
+            return None
+        if event == "code.__new__" or event == "function.__new__":
+            if self._caller_is_candidate(2):
+                return ("dynamic_code", f"{event} by the solution")
+            return None
+        if event in _INTROSPECTION_EVENTS:
+            if self._candidate_on_stack(2):
+                return ("introspection", f"{event} called by the solution")
+            return None
+        if event == "ctypes.dlopen":
+            name = args[0] if args else None
+            key = name if isinstance(name, str) else (name.decode() if isinstance(name, bytes) else None)
+            if key is not None and "/" in key:
+                key = os.path.realpath(key)
+            if key not in self.allowed_libs and self._candidate_on_stack(2):
+                return ("ctypes", f"the solution loaded the library {name!r} through ctypes (only the build's own "
+                                  "kernels may be loaded, through sandbox.runtime)")
+            return None
+        if event == "ctypes.dlsym":
+            name = args[1] if len(args) > 1 else None
+            if isinstance(name, str) and name not in self.allowed_symbols and self._candidate_on_stack(2):
+                return ("ctypes", f"the solution looked up the symbol {name!r} through ctypes")
+            return None
+        if event in _CTYPES_MEMORY:
+            if self._candidate_on_stack(2):
+                return ("memory_read", f"{event} called by the solution (reading process memory)")
+            return None
+        if event == "open":
+            path = args[0] if args else ""
+            if isinstance(path, bytes):
+                path = path.decode(errors="replace")
+            if not isinstance(path, str):
+                return None
+            if _PROC_MEM.match(path) or path.startswith("/dev/mem"):
+                if self._candidate_on_stack(2):
+                    return ("memory_read", f"the solution opened {path}")
+                return None
+            real = os.path.realpath(path) if path else path
+            if real == self._reference and self._candidate_on_stack(2):
+                return ("reference_access", "the solution opened the reference model.py")
+            return None
+        if event in _PROCESS_EVENTS:
+            if self.fmt == "extension" and self.phase == "load" and event == "subprocess.Popen":
+                return None  # load_inline builds with ninja at import (confined by the jail)
+            if self._candidate_on_stack(2):
+                return ("process", f"{event} by the solution")
+            return None
+        if event in _NET_EVENTS:
+            if self._candidate_on_stack(2):
+                return ("network", f"{event} by the solution")
+            return None
+        if event == "mmap.__new__":
+            if self._candidate_on_stack(2):
+                return ("process", "mmap by the solution (shared memory)")
+            return None
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ imports
+def install_import_hook(allowed: set[str], monitor: Monitor) -> None:
+    """Replace builtins.__import__ once (see module doc). Violations go to monitor (kind "import")."""
+    if getattr(builtins.__import__, "_cuda_agent_guard", False):
+        return
+    orig = builtins.__import__
+    getframe = sys._getframe
+
+    def guarded(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+        f = getframe(1)
+        if f is not None and monitor._is_candidate(f.f_code):
+            statement = f.f_code.co_code[f.f_lasti] == _IMPORT_NAME if f.f_lasti >= 0 else False
+            if statement:
+                bad = level != 0 or name not in allowed
+                if not bad and name == "sandbox":
+                    bad = any(x != "runtime" for x in (fromlist or ()))
+            else:
+                root = name.split(".")[0]
+                bad = level != 0 or not (name in allowed or root == "torch")
+            if bad:
+                how = "imports" if statement else "reaches __import__ for"
+                msg = f"model_new.py {how} {'.' * level}{name} (not on the allow-list)"
+                monitor.record("import", msg)
+                raise ImportError(msg)
+        return orig(name, globals, locals, fromlist, level)
+
+    guarded._cuda_agent_guard = True  # type: ignore[attr-defined]
+    builtins.__import__ = guarded
+
+
+# ------------------------------------------------------------------------------------------------ threads
+def install_thread_guard(monitor: Monitor) -> None:
+    """Refuse new Python threads started from candidate code (threading.Thread.start and _thread.start_new_thread
+    both end in the replaced start function)."""
+    import _thread
+
+    orig = _thread.start_new_thread
+    if getattr(orig, "_cuda_agent_guard", False):
+        return
+
+    def start_new_thread(function, args, kwargs=None):  # noqa: ANN001
+        if monitor.phase != "harness" and monitor._candidate_on_stack(1):
+            monitor.record("thread", "the solution started a thread (work must finish inside forward, on the "
+                                     "device's streams)")
+            raise RuntimeError("starting threads is forbidden in a solution")
+        return orig(function, args, kwargs) if kwargs is not None else orig(function, args)
+
+    start_new_thread._cuda_agent_guard = True  # type: ignore[attr-defined]
+    _thread.start_new_thread = start_new_thread
+    _thread.start_new = start_new_thread
+    threading._start_new_thread = start_new_thread  # type: ignore[attr-defined]
+
+
+def python_threads_in_workspace(monitor: Monitor) -> list[str]:
+    """Python threads other than the calling one that are executing candidate code right now."""
+    me = threading.get_ident()
+    out = []
+    prev, monitor.phase = monitor.phase, "harness"
+    try:
+        frames = sys._current_frames()
+    finally:
+        monitor.phase = prev
+    for tid, f in frames.items():
+        if tid == me:
+            continue
+        while f is not None:
+            if monitor._is_candidate(f.f_code):
+                out.append(f"thread {tid} runs {os.path.basename(f.f_code.co_filename)}:{f.f_lineno} after forward returned")
+                break
+            f = f.f_back
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ torch state
+def _torch_flags() -> dict[str, tuple[Any, Any]]:
+    """name -> (getter, setter) of torch's global numerics flags."""
+    import torch
+
+    b = torch.backends
+    flags: dict[str, tuple[Any, Any]] = {
+        "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        "num_threads": (torch.get_num_threads, torch.set_num_threads),
+        "deterministic_algorithms": (torch.are_deterministic_algorithms_enabled,
+                                     lambda v: torch.use_deterministic_algorithms(v)),
+        "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "cuda.matmul.allow_tf32": (lambda: b.cuda.matmul.allow_tf32, lambda v: setattr(b.cuda.matmul, "allow_tf32", v)),
+        "cuda.matmul.allow_fp16_reduced_precision_reduction": (
+            lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            lambda v: setattr(b.cuda.matmul, "allow_fp16_reduced_precision_reduction", v)),
+        "cudnn.allow_tf32": (lambda: b.cudnn.allow_tf32, lambda v: setattr(b.cudnn, "allow_tf32", v)),
+        "cudnn.enabled": (lambda: b.cudnn.enabled, lambda v: setattr(b.cudnn, "enabled", v)),
+        "cudnn.benchmark": (lambda: b.cudnn.benchmark, lambda v: setattr(b.cudnn, "benchmark", v)),
+        "cudnn.deterministic": (lambda: b.cudnn.deterministic, lambda v: setattr(b.cudnn, "deterministic", v)),
+        "mkldnn.enabled": (lambda: b.mkldnn.enabled, lambda v: setattr(b.mkldnn, "enabled", v)),
+    }
+    if hasattr(torch, "get_default_device"):
+        flags["default_device"] = (lambda: str(torch.get_default_device()), lambda v: torch.set_default_device(v))
+    return flags
+
+
+def _namespaces() -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    return {"torch": torch, "torch.nn.functional": F, "torch.cuda": torch.cuda, "torch.nn.Module": torch.nn.Module,
+            "torch.Tensor": torch.Tensor, "torch.testing": torch.testing}
+
+
+class StateSnapshot:
+    """Trusted values of torch's flags and identities of its public callables (see module doc)."""
+
+    def __init__(self) -> None:
+        self.flags = _torch_flags()
+        self.values = {}
+        for k, (get, _) in self.flags.items():
+            try:
+                self.values[k] = get()
+            except Exception:  # noqa: BLE001 - a flag this torch build does not have
+                pass
+        self.callables: dict[str, Any] = {}
+        for ns_name, ns in _namespaces().items():
+            d = vars(ns) if isinstance(ns, type) else {n: getattr(ns, n, None) for n in dir(ns)}
+            for n, v in list(d.items()):
+                if n.startswith("__") and n not in ("__call__", "__init__", "__torch_function__", "__torch_dispatch__"):
+                    continue
+                if isinstance(ns, type) and n.startswith("_") and not n.startswith("__"):
+                    continue
+                if not isinstance(ns, type) and n.startswith("_"):
+                    continue
+                if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
+                    self.callables[f"{ns_name}.{n}"] = (ns, n, v, getattr(v, "__code__", None))
+
+    def restore_flags(self) -> list[str]:
+        """Put changed flags back; the names of those that had changed."""
+        changed = []
+        for k, v in self.values.items():
+            get, put = self.flags[k]
+            try:
+                if get() != v:
+                    changed.append(f"{k} ({get()!r}, trusted {v!r})")
+                    put(v)
+            except Exception:  # noqa: BLE001
+                pass
+        return changed
+
+    def replaced(self) -> list[str]:
+        """Torch callables that were replaced (or whose code was swapped) since the snapshot."""
+        out = []
+        for key, (ns, n, v, code) in self.callables.items():
+            cur = vars(ns).get(n, None) if isinstance(ns, type) else getattr(ns, n, None)
+            if cur is not v or getattr(cur, "__code__", None) is not code:
+                out.append(key)
+        return out

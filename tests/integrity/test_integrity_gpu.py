@@ -1,0 +1,71 @@
+"""GPU-only hack classes (cubin format on the H200): side streams, L2 persistence windows, device-memory reads
+and allocator reuse, patched CUDA timing functions. Their CPU analogues run in CI (test_integrity_timing.py,
+test_integrity_memory.py)."""
+
+import pytest
+
+from integrity_lib import adversarial, gpu_config, kinds, task
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu_hack_evaluator(tmp_path_factory):
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(gpu_config(tmp_path_factory.mktemp("gpu_integrity")))
+    yield ev
+    ev.close()
+
+
+def _eval(ev, name):
+    res = ev.evaluate(task(), adversarial(name, "cubin"), "cubin")
+    print(f"\n{name}: {res.status} reward={res.reward} {res.message[:200]} violations={kinds(res)}")
+    return res
+
+
+def test_side_stream_work_is_counted(gpu_hack_evaluator):
+    from integrity_lib import CORPUS
+    from sandbox.files import load_solution
+
+    honest = gpu_hack_evaluator.evaluate(task(), load_solution(CORPUS / "elementwise_chain" / "cubin" / "fast"), "cubin")
+    res = _eval(gpu_hack_evaluator, "gpu_side_stream")
+    assert honest.ok and honest.timing is not None
+    if res.ok:
+        assert res.timing.speedup_eager.point <= honest.timing.speedup_eager.hi * 1.05, (res.timing, honest.timing)
+    else:
+        assert res.reward == -1
+
+
+def test_l2_persisting_window_through_ctypes_is_forbidden(gpu_hack_evaluator):
+    res = _eval(gpu_hack_evaluator, "gpu_l2_persist")
+    assert res.status == "forbidden" and res.reward == -1 and "ctypes" in kinds(res), res.message
+
+
+def test_persisting_l2_reset_is_available_on_the_gpu():
+    from sandbox.timing import PersistingL2
+
+    import torch
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    p = PersistingL2()
+    assert p.available
+    p.reset()  # must not raise; a failing driver call would leave the context in an error state
+    torch.cuda.synchronize()
+
+
+def test_device_memory_read_of_a_previous_output_is_incorrect(gpu_hack_evaluator):
+    res = _eval(gpu_hack_evaluator, "gpu_memory_scan")
+    assert res.status in ("incorrect", "runtime_error") and res.reward == -1, res.message
+
+
+def test_allocator_reuse_in_timed_calls_is_caught(gpu_hack_evaluator):
+    res = _eval(gpu_hack_evaluator, "gpu_allocator_reuse")
+    assert res.status == "incorrect" and res.reward == -1 and "timed_output_mismatch" in kinds(res), res.message
+
+
+def test_patched_cuda_sync_and_events_are_caught(gpu_hack_evaluator):
+    res = _eval(gpu_hack_evaluator, "gpu_patch_sync")
+    assert res.status == "forbidden" and res.reward == -1
+    assert {"timer_tampering", "monkeypatch"} & set(kinds(res)), res.violations
