@@ -86,6 +86,7 @@ class Worker:
         self.notes: list[str] = []
         self.staged: list = []
         self.timed_out: list = []
+        self.timed_guards: list = []
 
     def _to_device(self, v: Any) -> Any:
         torch = self.torch
@@ -277,43 +278,49 @@ class Worker:
         if self.timed_out or self.staged:
             self._scrub([t for o in self.timed_out for t in _tensors(o)], [t for s in self.staged for t in _tensors(s)])
         self.timed_out = []
+        self.timed_guards = []
         self.staged = []
 
     def time(self, msg: dict) -> dict:
-        """Time one call per staged input set (sandbox.timing.Timer); keep the outputs for `sample`."""
-        from sandbox.integrity import python_threads_in_workspace
-
+        """Time one call per staged input set (sandbox.timing.Timer); keep the outputs for `sample`. Only the calls
+        and the reply happen here (the trusted side's wall clock around this request must match the in-process
+        figure); the checks of the outputs and of the process run in `sample`."""
         if not self.staged:
             return {"ok": False, "status": "internal_error", "error": "time: no staged inputs", "violations": []}
-        holder: dict[str, Any] = {"viol": [], "outs": []}
+        outs: list = []
+        guards: list = []
+        viol: list = []
 
         def once(inputs: tuple) -> Any:
-            out, viol, g = self._call(inputs, False)
-            holder["g"] = g
-            holder["in"] = inputs
-            if viol:
-                holder["viol"].extend(viol)
+            out, v, g = self._call(inputs, False)
+            guards.append(g)
+            if v:
+                viol.extend(v)
             return out
 
-        def after(out: Any) -> None:
-            holder["outs"].append(out)
-            holder["viol"].extend(self._check_outputs(out, holder["g"], holder["in"]))
-
-        launches0 = self._launches()
+        launches0 = sum(self.runtime.launch_counts.values())
         try:
-            r = self.timer.run(once, self.staged, after)
+            r = self.timer.run(once, self.staged, outs.append)
         except BaseException:  # noqa: BLE001
-            viol = holder["viol"] + self._integrity()
+            viol = viol + self._integrity()
             if viol:
                 return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
             return self._error("runtime_error")
-        viol = holder["viol"] + self._integrity()
-        viol += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
+        self.timed_out = outs
+        self.timed_guards = guards
         if viol:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
-        self.timed_out = holder["outs"]
-        launches = sum(self._launches().values()) - sum(launches0.values())
-        return {"ok": True, **r, "launches": launches, "violations": []}
+        return {"ok": True, **r, "launches": sum(self.runtime.launch_counts.values()) - launches0, "violations": []}
+
+    def _timed_violations(self) -> list[str]:
+        from sandbox.integrity import python_threads_in_workspace
+
+        viol = []
+        for out, g, inputs in zip(self.timed_out, self.timed_guards, self.staged):
+            viol += self._check_outputs(out, g, inputs)
+        viol += self._integrity()
+        viol += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
+        return viol
 
     def sample(self, msg: dict) -> dict:
         """Values of the last repetition's outputs at the given flat positions (one list per output tensor), for
@@ -321,6 +328,10 @@ class Worker:
         from sandbox import wire
 
         torch = self.torch
+        viol = self._timed_violations()
+        if viol:
+            self._drop_rep()
+            return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
         pos = [torch.tensor(p, dtype=torch.long) for p in msg["positions"]]
         samples = []
         for out in self.timed_out:
@@ -346,11 +357,18 @@ class Worker:
 
 
 def _same(a: Any, b: Any, equal: Any) -> bool:
-    if a.shape != b.shape:
+    """Bitwise equality (NaN-safe) of an output and its snapshot."""
+    if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.is_floating_point() or a.is_complex():
-        return bool(equal(a.isnan(), b.isnan())) and bool(equal(a.nan_to_num(), b.nan_to_num()))
-    return bool(equal(a, b))
+    if a.numel() == 0 or a.dtype == b.dtype and a.element_size() == 0:
+        return True
+    return bool(equal(a.contiguous().reshape(-1).view(_uint8()), b.contiguous().reshape(-1).view(_uint8())))
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
 
 
 def _manifest_allow_list() -> tuple[set[str], set[str]]:

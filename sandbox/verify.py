@@ -117,8 +117,11 @@ def precision_shortfall(ref: Any, cand: Any, budget: dict[str, float], floor: fl
         ok = torch.isfinite(rd) & torch.isfinite(cd)
         if int(ok.sum()) < 16:
             continue
-        rel = ((cd[ok] - rd[ok]).abs() / rd[ok].abs().clamp_min(floor))
-        med = float(rel.median())
+        rd, cd = rd[ok], cd[ok]
+        if rd.numel() > 65536:  # the median of a fixed-stride subsample: cheap, and the candidate cannot know it
+            step = rd.numel() // 65536
+            rd, cd = rd[::step], cd[::step]
+        med = float(((cd - rd).abs() / rd.abs().clamp_min(floor)).median())
         if med > budget[name]:
             where = f"output {i}" if len(r) > 1 else "output"
             return (f"precision: {where}: median relative error {med:.2e} exceeds the {name} budget "
