@@ -303,8 +303,12 @@ class _Scope:
         return out + [self.prog.floats[f] for f in self.floats]
 
 
-def _steps_code(steps: list[Step], env: dict[str, str], scope: _Scope, idx: str) -> list[str]:
-    """C lines computing the steps (SSA: each step a new variable); updates env."""
+def _steps_code(steps: list[Step], env: dict[str, str], scope: _Scope, idx: str, pidx: bool = False) -> list[str]:
+    """C lines computing the steps (SSA: each step a new variable); updates env.
+
+    pidx: the (single) parameter is read at the index passed in as `pidx` instead of (i / inner) % count, so
+    the caller's loops can avoid a 64-bit division per element (it blocks vectorisation).
+    """
     lines = []
     sfx = scope.phase[0]
     loaded: set[str] = set()
@@ -312,7 +316,9 @@ def _steps_code(steps: list[Step], env: dict[str, str], scope: _Scope, idx: str)
         for u in st.uses:
             if u in env or u in loaded:
                 continue
-            if u in scope.prog.params:
+            if u in scope.prog.params and pidx:
+                lines.append(f"float {u} = {u}_{sfx}[pidx];")
+            elif u in scope.prog.params:
                 lines.append(f"float {u} = {u}_{sfx}[({idx} / {u}_inner_{sfx}) % {u}_count_{sfx}];")
             elif u in scope.prog.inputs:
                 lines.append(f"float in_{u} = in_{u}_{sfx}[{idx}];")
@@ -330,8 +336,11 @@ def _steps_code(steps: list[Step], env: dict[str, str], scope: _Scope, idx: str)
 
 
 def _value_fn(fmt: str, name: str, prog: Program, steps: list[Step], want: str, phase: str,
-              core_var: str | None) -> tuple[str, _Scope]:
-    """A device/host function computing `want` at element index i from the loads and steps of one phase."""
+              core_var: str | None, pidx: bool = False) -> tuple[str, _Scope]:
+    """A device/host function computing `want` at element index i from the loads and steps of one phase.
+
+    pidx: take the single parameter's index as a second argument (see _steps_code).
+    """
     scope = _Scope(prog, phase)
     local = {core_var} if core_var else set()
     for st in steps:
@@ -340,11 +349,13 @@ def _value_fn(fmt: str, name: str, prog: Program, steps: list[Step], want: str, 
     if want not in local and want != core_var:
         scope.need([want], set())
     env: dict[str, str] = {}
-    args = ["long long i"] + ([f"float {core_var}_in"] if core_var else []) + scope.c_args()
+    pidx = pidx and len(scope.params) == 1
+    args = ["long long i"] + (["long long pidx"] if pidx else []) + ([f"float {core_var}_in"] if core_var else []) \
+        + scope.c_args()
     body = []
     if core_var:
         env[core_var] = f"{core_var}_in"
-    body += _steps_code(steps, env, scope, "i")
+    body += _steps_code(steps, env, scope, "i", pidx)
     if want not in env:
         if want in prog.inputs:
             body.append(f"float in_{want} = in_{want}_{phase[0]}[i];")
@@ -441,14 +452,39 @@ def _fused(prog: Program, fmt: str) -> dict[str, str]:
     py: list[str] = []
     extra_py = ""
     if core is None:
-        fn, scope = _value_fn(fmt, "pro", prog, prog.prologue, prog.result, "prologue", None)
+        one_param = fmt == "cpu" and len({u for st in prog.prologue for u in st.uses if u in prog.params}) == 1
+        fn, scope = _value_fn(fmt, "pro", prog, prog.prologue, prog.result, "prologue", None, pidx=one_param)
         src.append(fn)
         args = scope.c_args() + ["float* __restrict__ out", "long long n"]
-        loop = ("for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; "
-                "i += (long long)gridDim.x * blockDim.x)" if cu else
-                "#pragma omp parallel for simd schedule(static)\n    for (long long i = 0; i < n; ++i)")
-        src.append(_kernel_decl(fmt, "fused_forward", args) + " {\n    " + loop + "\n        out[i] = pro(i, "
-                   + ", ".join(scope.c_call()) + ");\n}\n")
+        call = ", ".join(scope.c_call())
+        if one_param:
+            # Walk the parameter's broadcast structure (blocks x count x inner) so that its index is a loop
+            # counter: no per-element division, and the innermost loop vectorises.
+            p = scope.params[0]
+            body = f"""long long cnt = {p}_count_p, inn = {p}_inner_p;
+long long blocks = n / (cnt * inn);
+if (inn == 1) {{
+#pragma omp parallel for schedule(static)
+    for (long long o = 0; o < blocks; ++o) {{
+#pragma omp simd
+        for (long long c = 0; c < cnt; ++c) out[o * cnt + c] = pro(o * cnt + c, c, {call});
+    }}
+}} else {{
+#pragma omp parallel for collapse(2) schedule(static)
+    for (long long o = 0; o < blocks; ++o)
+        for (long long c = 0; c < cnt; ++c) {{
+            long long base = (o * cnt + c) * inn;
+#pragma omp simd
+            for (long long j = 0; j < inn; ++j) out[base + j] = pro(base + j, c, {call});
+        }}
+}}"""
+            src.append(_kernel_decl(fmt, "fused_forward", args) + " {\n" + textwrap.indent(body, "    ") + "\n}\n")
+        else:
+            loop = ("for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; "
+                    "i += (long long)gridDim.x * blockDim.x)" if cu else
+                    "#pragma omp parallel for simd schedule(static)\n    for (long long i = 0; i < n; ++i)")
+            src.append(_kernel_decl(fmt, "fused_forward", args) + " {\n    " + loop + "\n        out[i] = pro(i, "
+                       + call + ");\n}\n")
         py += [f"out = torch.empty_like({ref})", f"n = out.numel()",
                _launch(fmt, "fused_forward", scope.py_args(ref) + ["out", "n"], "min((n + 255) // 256, 65535)"),
                "return out"]
@@ -510,9 +546,15 @@ def _row_kernel_fused(fmt: str, core: RowOp, ps: _Scope, es: _Scope) -> str:
                   "    float* row = (float*)malloc(sizeof(float) * (size_t)cols);",
                   "#pragma omp for schedule(static)",
                   "    for (long long r = 0; r < outer * inner; ++r) {"]
+        pargs = ", " + ", ".join(ps.c_call()) if ps.c_call() else ""
         body = ["long long base = (r / inner) * cols * inner + (r % inner);",
+                "if (inner == 1) {  // contiguous row: plain vector loads",
                 "#pragma omp simd",
-                f"for (long long c = 0; c < cols; ++c) row[c] = pro(base + c * inner{', ' + ', '.join(ps.c_call()) if ps.c_call() else ''});"]
+                f"    for (long long c = 0; c < cols; ++c) row[c] = pro(base + c{pargs});",
+                "} else {",
+                "#pragma omp simd",
+                f"    for (long long c = 0; c < cols; ++c) row[c] = pro(base + c * inner{pargs});",
+                "}"]
         for var, comb, term, finish in passes:
             red_clause = {"sum": "+", "max": "max", "min": "min"}[comb]
             body.append(f"float {var}_acc = {_INIT[comb]};")
@@ -530,10 +572,13 @@ def _row_kernel_fused(fmt: str, core: RowOp, ps: _Scope, es: _Scope) -> str:
         if red is not None:
             body.append(f"out[r] = epi(r, {red}{', ' + ecall_tail if ecall_tail else ''});")
         else:
-            body.append("#pragma omp simd")
-            body.append("for (long long c = 0; c < cols; ++c) {")
-            body.append(f"    long long i = base + c * inner; float s = row[c];")
-            body.append(f"    out[i] = epi(i, {elem}{', ' + ecall_tail if ecall_tail else ''});")
+            for stride in ("1", "inner"):
+                body.append("if (inner == 1) {" if stride == "1" else "} else {")
+                body.append("#pragma omp simd")
+                body.append("    for (long long c = 0; c < cols; ++c) {")
+                body.append(f"        long long i = base + c * {stride}; float s = row[c];")
+                body.append(f"        out[i] = epi(i, {elem}{', ' + ecall_tail if ecall_tail else ''});")
+                body.append("    }")
             body.append("}")
         lines += ["        " + b for b in body] + ["    }", "    free(row);", "}"]
     else:
