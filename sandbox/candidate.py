@@ -61,7 +61,10 @@ class Worker:
         import torch
 
         from sandbox import runtime
-        from sandbox.integrity import Monitor, StateSnapshot, install_import_hook, install_thread_guard
+        from sandbox import guard as guard_mod
+        from sandbox import integrity
+        from sandbox.integrity import (HarnessSnapshot, Monitor, StateSnapshot, install_import_hook,
+                                       install_thread_guard, install_torch_wrappers)
         from sandbox.static_check import allowed_imports
         from sandbox.timing import Timer, l2_flush_buffer
 
@@ -81,7 +84,22 @@ class Worker:
         install_import_hook(allowed_imports(fmt), self.monitor)
         if monitor:
             install_thread_guard(self.monitor)
+            install_torch_wrappers(self.monitor)
         self.state = StateSnapshot()
+        W = type(self)
+        self.harness = HarnessSnapshot({
+            "ComputeGuard.__torch_dispatch__": (guard_mod.ComputeGuard, "__torch_dispatch__"),
+            "ComputeGuard.__enter__": (guard_mod.TorchDispatchMode, "__enter__"),
+            "ComputeGuard.__exit__": (guard_mod.TorchDispatchMode, "__exit__"),
+            "sandbox.guard.ComputeGuard": (guard_mod, "ComputeGuard"), "sandbox.guard.poison_": (guard_mod, "poison_"),
+            "Worker._call": (W, "_call"), "Worker._check_outputs": (W, "_check_outputs"),
+            "Worker._integrity": (W, "_integrity"), "Worker.run": (W, "run"), "Worker.time": (W, "time"),
+            "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"),
+            "Monitor._hook": (Monitor, "_hook"), "Monitor._judge": (Monitor, "_judge"),
+            "Monitor._is_candidate": (Monitor, "_is_candidate"),
+            "integrity.python_threads_in_workspace": (integrity, "python_threads_in_workspace"),
+            "runtime._count": (runtime, "_count"), "runtime.launch_counts": (runtime, "launch_counts"),
+        })
         self.equal = torch.equal
         self.notes: list[str] = []
         self.staged: list = []
@@ -111,9 +129,13 @@ class Worker:
         self.monitor.violations.clear()
         out += [f"monkeypatch: torch function {n} was replaced by the solution" for n in self.state.replaced()[:4]]
         out += [f"timer_tampering: {n} was replaced by the solution" for n in self.timer.tampered()]
+        out += [f"harness_tampering: {n} was replaced by the solution" for n in self.harness.replaced()]
         changed = self.state.restore_flags()
-        if changed:
-            self.notes.append("torch flags changed by the solution were put back: " + ", ".join(changed))
+        numerics = [c for c in changed if c.split(" ")[0] in self.state.NUMERICS]
+        out += [f"global_state: the solution changed torch's {c}" for c in numerics]
+        rest = [c for c in changed if c not in numerics]
+        if rest:
+            self.notes.append("torch flags changed by the solution were put back: " + ", ".join(rest))
         return out
 
     def load(self, msg: dict) -> dict:

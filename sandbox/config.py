@@ -146,8 +146,9 @@ class SandboxConfig:
     """RLIMIT_NPROC: processes + threads of the sandbox uid."""
     rlimit_nofile: int = 1024
     """RLIMIT_NOFILE: open files."""
-    rlimit_as_bytes: int = 0
-    """RLIMIT_AS on the cpu backend (0 = unlimited; never applied with CUDA, whose mappings are huge)."""
+    rlimit_as_bytes: int = 8 * 1024**3
+    """RLIMIT_AS (address space) of the candidate on the cpu backend (0 = unlimited; never applied with CUDA, whose
+    mappings are huge): memory exhaustion fails inside the candidate instead of waking the OOM killer."""
     max_message_bytes: int = 2 * 1024**3
     """Largest message the trusted side accepts from the candidate."""
 

@@ -66,6 +66,16 @@ class Monitor:
         self._busy = False
         self._getframe = sys._getframe
         self._reference = os.path.join(self.ws, "model.py")
+        self.allowed_files = {os.path.realpath(p) for p in allowed_libs if "/" in p}
+        manifest = os.environ.get("CUDA_AGENT_KERNELS_MANIFEST")
+        if manifest:
+            self.allowed_files.add(os.path.realpath(manifest))
+        dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+        dirs |= {os.path.realpath(p) for p in sys.path if p and "site-packages" in p}
+        dirs |= {os.path.dirname(os.path.realpath(__file__)), "/usr/lib", "/usr/lib64", "/lib", "/lib64",
+                 "/usr/local/cuda", "/sys/devices/system/cpu", "/dev/shm", "/etc/ld.so.cache.d"}
+        self.read_roots = tuple(d.rstrip("/") + "/" for d in dirs) + (
+            "/etc/ld.so.cache", "/proc/self/status", "/proc/cpuinfo", "/dev/null", "/dev/urandom")
 
     @classmethod
     def install(cls, workspace: str, fmt: str, allowed_libs: set[str], allowed_symbols: set[str]) -> "Monitor":
@@ -171,6 +181,19 @@ class Monitor:
             real = os.path.realpath(path) if path else path
             if real == self._reference and self._candidate_on_stack(2):
                 return ("reference_access", "the solution opened the reference model.py")
+            mode = args[1] if len(args) > 1 else "r"
+            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & (os.O_WRONLY | os.O_RDWR))
+            if writing:
+                if self.fmt == "extension" and self.phase == "load":
+                    return None  # load_inline writes its build folder (confined by the jail)
+                if self._candidate_on_stack(2):
+                    return ("file_write", f"the solution opened {path} for writing (solutions write no files)")
+                return None
+            if real.startswith(self.ws) or real in self.allowed_files or real.startswith(self.read_roots):
+                return None
+            if self._candidate_on_stack(2):
+                return ("file_access", f"the solution opened {path} (outside its workspace and the Python installation)")
             return None
         if event in _PROCESS_EVENTS:
             if self.fmt == "extension" and self.phase == "load" and event == "subprocess.Popen":
@@ -322,8 +345,12 @@ class StateSnapshot:
                 if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
                     self.callables[f"{ns_name}.{n}"] = (ns, n, v, getattr(v, "__code__", None))
 
+    NUMERICS = ("default_dtype", "float32_matmul_precision", "cuda.matmul.allow_tf32", "cudnn.allow_tf32",
+                "cuda.matmul.allow_fp16_reduced_precision_reduction", "default_device")
+
     def restore_flags(self) -> list[str]:
-        """Put changed flags back; the names of those that had changed."""
+        """Put changed flags back; the names of those that had changed (numerics flags, which change what torch
+        computes, are listed first by the caller as violations: see `NUMERICS`)."""
         changed = []
         for k, v in self.values.items():
             get, put = self.flags[k]
@@ -342,4 +369,75 @@ class StateSnapshot:
             cur = vars(ns).get(n, None) if isinstance(ns, type) else getattr(ns, n, None)
             if cur is not v or getattr(cur, "__code__", None) is not code:
                 out.append(key)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ guard bypasses
+_BYPASS_C = ("_DisableTorchDispatch", "_pop_torch_dispatch_mode", "_unset_dispatch_mode", "_set_dispatch_mode",
+             "_ExcludeDispatchKeyGuard", "_IncludeDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded",
+             "_dispatch_tls_set_dispatch_key_included", "_DisableFuncTorch", "_DisableTorchFunction",
+             "_DisableTorchFunctionSubclass", "_push_on_torch_dispatch_stack", "_set_torch_dispatch_mode")
+_BYPASS_PY = ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode", "_push_mode")
+_BRIDGES_TENSOR = ("numpy", "__array__", "tolist", "__dlpack__")
+_BRIDGES_TORCH = ("from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack")
+
+
+def _wrap(monitor: Monitor, orig: Any, kind: str, what: str) -> Any:
+    getframe = sys._getframe
+
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if monitor.phase != "harness":
+            f = getframe(1)
+            if f is not None and monitor._is_candidate(f.f_code):
+                monitor.record(kind, what)
+                raise IntegrityError(f"{what} (forbidden in a solution)")
+        return orig(*a, **k)
+
+    wrapper._cuda_agent_guard = True  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+    return wrapper
+
+
+def install_torch_wrappers(monitor: Monitor) -> None:
+    """Refuse, when called directly by candidate code inside the harness's phases: ways around the dispatch guard
+    (dispatch-mode stack and dispatch-key manipulation) and bridges that move tensor data to other libraries
+    (`Tensor.numpy`, `torch.from_numpy`, DLPack): compute done there would bypass both the guard and the kernels."""
+    import torch
+    import torch.utils._python_dispatch as pd
+
+    for name in _BYPASS_C:
+        orig = getattr(torch._C, name, None)
+        if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+            setattr(torch._C, name, _wrap(monitor, orig, "guard_bypass", f"torch._C.{name} called by the solution"))
+    for name in _BYPASS_PY:
+        orig = getattr(pd, name, None)
+        if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+            setattr(pd, name, _wrap(monitor, orig, "guard_bypass", f"torch.utils._python_dispatch.{name} called by "
+                                                                   "the solution"))
+    for name in _BRIDGES_TENSOR:
+        orig = getattr(torch.Tensor, name, None)
+        if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+            setattr(torch.Tensor, name, _wrap(monitor, orig, "numpy_bridge", f"Tensor.{name}() called by the solution "
+                                                                              "(compute outside its kernels)"))
+    for name in _BRIDGES_TORCH:
+        orig = getattr(torch, name, None)
+        if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+            setattr(torch, name, _wrap(monitor, orig, "numpy_bridge", f"torch.{name}() called by the solution "
+                                                                       "(compute outside its kernels)"))
+
+
+class HarnessSnapshot:
+    """Identities of the harness's own functions in the candidate's process (the guard, the worker, the integrity
+    hooks): replacing one is `harness_tampering`."""
+
+    def __init__(self, objs: dict[str, tuple[Any, str]]):
+        self.objs = {k: (owner, attr, getattr(owner, attr), getattr(getattr(owner, attr), "__code__", None))
+                     for k, (owner, attr) in objs.items()}
+
+    def replaced(self) -> list[str]:
+        out = []
+        for k, (owner, attr, v, code) in self.objs.items():
+            cur = getattr(owner, attr, None)
+            if cur is not v or getattr(cur, "__code__", None) is not code:
+                out.append(k)
         return out

@@ -424,7 +424,8 @@ def _headline(tb: str) -> str:
 
 VIOLATION_KINDS = {"import", "introspection", "tampering", "dynamic_code", "ctypes", "memory_read",
                    "reference_access", "process", "network", "thread", "monkeypatch", "timer_tampering", "lazy_output",
-                   "stale_output", "write_after_return"}
+                   "stale_output", "write_after_return", "file_write", "file_access", "guard_bypass", "numpy_bridge",
+                   "harness_tampering", "global_state"}
 
 
 def _violation(v: str) -> Violation:
