@@ -123,31 +123,31 @@ class Monitor:
             raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
 
     def _judge(self, event: str, args: tuple) -> tuple[str, str] | None:  # noqa: C901 - one table of rules
-        # frame 0 is _judge, 1 is _hook, 2 the Python frame that called the C function raising the event
+        # seen from the helpers: 0 helper, 1 _judge, 2 _hook, 3 the Python frame that called the C function raising the event
         if event in ("sys._getframe", "sys._getframemodulename"):
-            if self._caller_is_candidate(2):
+            if self._caller_is_candidate(3):
                 return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
             return None
         if event == "object.__getattr__":
             name = args[1] if len(args) > 1 else ""
-            if name in _FRAME_ATTRS and self._candidate_on_stack(2):
+            if name in _FRAME_ATTRS and self._candidate_on_stack(3):
                 return ("introspection", f"access to .{name} by the solution (frame inspection)")
             return None
         if event == "object.__setattr__":
             name = args[1] if len(args) > 1 else ""
-            if name in ("__code__", "__defaults__", "__kwdefaults__") and self._candidate_on_stack(2):
+            if name in ("__code__", "__defaults__", "__kwdefaults__") and self._candidate_on_stack(3):
                 return ("tampering", f"the solution replaced {name} of {getattr(args[0], '__qualname__', '?')}")
             return None
         if event in ("exec", "compile"):
-            if self._caller_is_candidate(2):
+            if self._caller_is_candidate(3):
                 return ("dynamic_code", f"{event}() called by the solution")
             return None
         if event == "code.__new__" or event == "function.__new__":
-            if self._caller_is_candidate(2):
+            if self._caller_is_candidate(3):
                 return ("dynamic_code", f"{event} by the solution")
             return None
         if event in _INTROSPECTION_EVENTS:
-            if self._candidate_on_stack(2):
+            if self._candidate_on_stack(3):
                 return ("introspection", f"{event} called by the solution")
             return None
         if event == "ctypes.dlopen":
@@ -155,17 +155,17 @@ class Monitor:
             key = name if isinstance(name, str) else (name.decode() if isinstance(name, bytes) else None)
             if key is not None and "/" in key:
                 key = os.path.realpath(key)
-            if key not in self.allowed_libs and self._candidate_on_stack(2):
+            if key not in self.allowed_libs and self._candidate_on_stack(3):
                 return ("ctypes", f"the solution loaded the library {name!r} through ctypes (only the build's own "
                                   "kernels may be loaded, through sandbox.runtime)")
             return None
         if event == "ctypes.dlsym":
             name = args[1] if len(args) > 1 else None
-            if isinstance(name, str) and name not in self.allowed_symbols and self._candidate_on_stack(2):
+            if isinstance(name, str) and name not in self.allowed_symbols and self._candidate_on_stack(3):
                 return ("ctypes", f"the solution looked up the symbol {name!r} through ctypes")
             return None
         if event in _CTYPES_MEMORY:
-            if self._candidate_on_stack(2):
+            if self._candidate_on_stack(3):
                 return ("memory_read", f"{event} called by the solution (reading process memory)")
             return None
         if event == "open":
@@ -175,11 +175,11 @@ class Monitor:
             if not isinstance(path, str):
                 return None
             if _PROC_MEM.match(path) or path.startswith("/dev/mem"):
-                if self._candidate_on_stack(2):
+                if self._candidate_on_stack(3):
                     return ("memory_read", f"the solution opened {path}")
                 return None
             real = os.path.realpath(path) if path else path
-            if real == self._reference and self._candidate_on_stack(2):
+            if real == self._reference and self._candidate_on_stack(3):
                 return ("reference_access", "the solution opened the reference model.py")
             mode = args[1] if len(args) > 1 else "r"
             flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
@@ -187,26 +187,26 @@ class Monitor:
             if writing:
                 if self.fmt == "extension" and self.phase == "load":
                     return None  # load_inline writes its build folder (confined by the jail)
-                if self._candidate_on_stack(2):
+                if self._candidate_on_stack(3):
                     return ("file_write", f"the solution opened {path} for writing (solutions write no files)")
                 return None
             if real.startswith(self.ws) or real in self.allowed_files or real.startswith(self.read_roots):
                 return None
-            if self._candidate_on_stack(2):
+            if self._candidate_on_stack(3):
                 return ("file_access", f"the solution opened {path} (outside its workspace and the Python installation)")
             return None
         if event in _PROCESS_EVENTS:
             if self.fmt == "extension" and self.phase == "load" and event == "subprocess.Popen":
                 return None  # load_inline builds with ninja at import (confined by the jail)
-            if self._candidate_on_stack(2):
+            if self._candidate_on_stack(3):
                 return ("process", f"{event} by the solution")
             return None
         if event in _NET_EVENTS:
-            if self._candidate_on_stack(2):
+            if self._candidate_on_stack(3):
                 return ("network", f"{event} by the solution")
             return None
         if event == "mmap.__new__":
-            if self._candidate_on_stack(2):
+            if self._candidate_on_stack(3):
                 return ("process", "mmap by the solution (shared memory)")
             return None
         return None

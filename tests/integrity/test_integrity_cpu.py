@@ -1,0 +1,88 @@
+"""Every hack class with a CPU form: an adversarial solution per class (tests/integrity/solutions/<name>.py, its
+docstring says what it tries and which defence must catch it), evaluated with the static checks off so that the
+runtime defences are what catches it. Each test asserts the named violation and reward -1."""
+
+import pytest
+
+from integrity_lib import adversarial, kinds, task
+
+# name -> (status, violation kind that must be among the result's violations)
+FORBIDDEN = {
+    "torch_compute": "dispatch_op",
+    "try_except_fallback": "dispatch_op",
+    "call_reference": "import",
+    "inherit_reference_exec": "reference_access",
+    "numpy_compute": "numpy_bridge",
+    "numpy_from_c_level": "stale_output",
+    "ctypes_foreign_library": "ctypes",
+    "decoy_kernel": "no_kernel_launched",
+    "replay_cached": "stale_output",
+    "read_frames": "introspection",
+    "traceback_frames": "introspection",
+    "gc_scan": "introspection",
+    "proc_self_mem": "memory_read",
+    "ctypes_memory_read": "memory_read",
+    "global_flags": "global_state",
+    "monkeypatch_torch": "monkeypatch",
+    "patch_guard": "harness_tampering",
+    "guard_bypass": "guard_bypass",
+    "thread_after_return": "thread",
+    "raw_thread": "thread",
+    "lazy_output": "lazy_output",
+    "patch_perf_counter": "timer_tampering",
+    "forged_reply": "forged_reply",
+    "edit_checker": "file_write",
+    "read_other_cache": "file_access",
+    "fork_bomb": "process",
+    "orphan": "process",
+    "disk_fill": "file_write",
+    "socket_exfil": "network",
+}
+INCORRECT = {
+    "constant_output": None,
+    "identity_output": None,
+    "rng_prediction": None,
+    "shape_shortcut": "shape_variant",
+    "value_range_shortcut": "value_range",
+    "precision_cut": "precision",
+    "heap_reuse": "timed_output_mismatch",
+    "replay_copy_when_timed": "timed_output_mismatch",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORBIDDEN))
+def test_forbidden_with_named_violation(hack_evaluator, name):
+    res = hack_evaluator.evaluate(task(), adversarial(name), "cpu")
+    assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+    assert FORBIDDEN[name] in kinds(res), f"{name}: {res.message} {res.violations}"
+
+
+@pytest.mark.parametrize("name", sorted(INCORRECT))
+def test_incorrect_with_named_defence(hack_evaluator, name):
+    res = hack_evaluator.evaluate(task(), adversarial(name), "cpu")
+    assert res.status == "incorrect" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+    if INCORRECT[name]:
+        assert INCORRECT[name] in kinds(res), f"{name}: {res.message} {res.violations}"
+    else:
+        assert res.trials and not res.trials[-1].ok and res.trials[-1].mismatched > 0, res.message
+
+
+def test_input_mutation_and_aliasing(hack_evaluator):
+    res = hack_evaluator.evaluate(task(), adversarial("mutate_input"), "cpu")
+    assert res.status == "incorrect" and res.reward == -1 and {"alias", "input_mutation"} & set(kinds(res))
+
+
+def test_early_exit_is_a_crash_not_a_success(hack_evaluator):
+    res = hack_evaluator.evaluate(task(), adversarial("early_exit"), "cpu")
+    assert res.status == "runtime_error" and res.reward == -1 and "exit code 0" in res.message, res.message
+
+
+def test_memory_exhaustion_fails_inside_the_candidate(hack_evaluator):
+    res = hack_evaluator.evaluate(task(), adversarial("memory_exhaustion"), "cpu")
+    assert res.status == "runtime_error" and res.reward == -1, res.message
+    assert "allocate" in res.message or "memory" in res.message.lower(), res.message
+
+
+def test_hang_times_out(hack_evaluator):
+    res = hack_evaluator.evaluate(task(), adversarial("hang"), "cpu")
+    assert res.status == "timeout" and res.reward == -1 and "ran past" in res.message
