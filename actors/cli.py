@@ -155,7 +155,7 @@ def run_cmd(
 
         configure_device_memory(cfg.sampler_memory_fraction)
     from actors.actor import Actor, TrajectorySink, cycle_tasks, default_actor_id, run_actor
-    from actors.policy import jax_policy_from_update
+    from actors.policy import jax_policy_from_update, sampler_timing_lock
     from actors.weights import PolicyVersions, WeightsRefresher
     from learner.chat import ChatFormat
     from learner.hf_checkpoint import read_config
@@ -171,8 +171,9 @@ def run_cmd(
     fmt = resolve_format(cfg.agent.solution_format, stages)
     sampler_config = cfg.sampler_config()
     fetcher = WeightsFetcher(cfg.weights_endpoint, actor_id=actor_id)
+    lock = sampler_timing_lock(cfg.timing_lock, cfg.timing_lock_dir or None)
     refresher = WeightsRefresher(fetcher, lambda u: jax_policy_from_update(u, model_config, sampler_config, tok.decode,
-                                                                           cfg.seed))
+                                                                           cfg.seed, timing_lock=lock))
     outbox = TrajectoryOutbox(cfg.trajectories_endpoint, actor_id=actor_id, max_pending=cfg.max_pending_trajectories)
     actor = Actor(cfg, ChatFormat(tok), stages, PolicyVersions(), TrajectorySink(outbox, actor_id), fmt, refresher)
     console.print(f"actor {actor_id}: {len(task_list)} tasks, format {fmt}, learner {cfg.trajectories_endpoint} / "
@@ -237,9 +238,11 @@ def eval_cmd(
             from actors.sampler import configure_device_memory
 
             configure_device_memory(cfg.sampler_memory_fraction)
-        from actors.policy import jax_policy_from_checkpoint
+        from actors.policy import jax_policy_from_checkpoint, sampler_timing_lock
 
-        policy = jax_policy_from_checkpoint(checkpoint, cfg.sampler_config(), detokenize=tok.decode, seed=cfg.seed)
+        policy = jax_policy_from_checkpoint(checkpoint, cfg.sampler_config(), detokenize=tok.decode, seed=cfg.seed,
+                                            timing_lock=sampler_timing_lock(cfg.timing_lock,
+                                                                            cfg.timing_lock_dir or None))
     else:
         from actors.openai_policy import OpenAIPolicy
 

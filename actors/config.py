@@ -137,6 +137,11 @@ class ActorConfig:
     """Trajectories kept until the learner acknowledges them (episodes wait beyond it)."""
     sampler_memory_fraction: Optional[float] = None
     """Share of the accelerator's memory JAX may take (so a sandbox can share the GPU); None = JAX default."""
+    timing_lock: str = "auto"
+    """Honour the sandbox's per-GPU timing lock around sampler calls: "auto" (on when JAX runs on a GPU), "on",
+    "off". A sandbox node timing a kernel on the same GPU then has it to itself."""
+    timing_lock_dir: str = ""
+    """Folder of the lock files; "" = the sandbox's default (/dev/shm/cuda-agent-locks)."""
     max_cache_len: int = 0
     """Sampler KV-cache bound in tokens; 0 = agent.max_context_tokens."""
     sampler_min_batch_bucket: int = 1
@@ -156,6 +161,8 @@ class ActorConfig:
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
         _check(self.max_cache_len >= 0, "ActorConfig.max_cache_len must be >= 0")
+        _check(self.timing_lock in ("auto", "on", "off"), f"ActorConfig.timing_lock must be auto, on or off, got "
+                                                          f"{self.timing_lock!r}")
         for name in ("sampler_min_batch_bucket", "sampler_min_prompt_bucket", "sampler_decode_chunk_steps"):
             _check(getattr(self, name) >= 1, f"ActorConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.sampler_memory_fraction is not None:

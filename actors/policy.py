@@ -16,7 +16,7 @@ tests (a test double).
 from __future__ import annotations
 
 import itertools
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from actors.sampler import Completion, Sampler, SamplingParams
 
@@ -35,17 +35,52 @@ class JaxPolicy:
     Each call draws a fresh sampling seed from `seed` onwards, so repeated prompts get different samples.
     """
 
-    def __init__(self, sampler: Sampler, version: int, seed: int = 0, name: str = "jax"):
+    def __init__(self, sampler: Sampler, version: int, seed: int = 0, name: str = "jax", timing_lock: Any = None):
         self.sampler = sampler
         self.version = int(version)
         self.name = name
+        self.timing_lock = timing_lock
+        self.lock_waits = 0
         self._seeds = itertools.count((int(seed) * 1_000_003 + self.version * 7919) % (1 << 30))
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: Sequence[SamplingParams]) -> list[Completion]:
-        return self.sampler.generate([list(p) for p in prompts], list(settings), seed=next(self._seeds) % (1 << 31))
+        """One sampler call; with a timing lock, held shared for the call, so that a sandbox worker timing a
+        kernel on the same GPU has the device to itself (the call waits while a timer holds or wants it)."""
+        seed = next(self._seeds) % (1 << 31)
+        if self.timing_lock is None:
+            return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed)
+        if self.timing_lock.timing_requested():
+            self.lock_waits += 1
+        with self.timing_lock.shared():
+            return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed)
 
 
-def jax_policy_from_update(update, model_config, sampler_config, detokenize=None, seed: int = 0) -> JaxPolicy:
+def sampler_timing_lock(mode: str = "auto", lock_dir: str | None = None) -> Any:
+    """The GPU timing lock the sampler honours (`sandbox.service_lock.DeviceTimingLock`), or None.
+
+    mode: "on", "off", or "auto" (on when JAX runs on a GPU). The device is the first entry of
+    CUDA_VISIBLE_DEVICES (else GPU 0), named as the sandbox node names it, so both take the same lock.
+    Granularity: one sampler call (a timer waits at most one call, then times anyway and flags `contended`).
+    """
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"timing lock mode must be auto, on or off, got {mode!r}")
+    if mode == "off":
+        return None
+    if mode == "auto":
+        import jax
+
+        if jax.default_backend() != "gpu":
+            return None
+    import os
+
+    from sandbox.service_lock import DEFAULT_LOCK_DIR, DeviceTimingLock, gpu_device_key
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    return DeviceTimingLock(gpu_device_key(visible), lock_dir or DEFAULT_LOCK_DIR)
+
+
+def jax_policy_from_update(update, model_config, sampler_config, detokenize=None, seed: int = 0,
+                           timing_lock: Any = None) -> JaxPolicy:
     """A JaxPolicy on a weights version fetched from the learner (`protocol.weights_channel.WeightsUpdate`).
 
     The compiled sampler functions are shared between versions (same shapes), so a new version costs a parameter
@@ -54,13 +89,16 @@ def jax_policy_from_update(update, model_config, sampler_config, detokenize=None
     from actors.weights import model_from_tensors
 
     model = model_from_tensors(model_config, update.tensors)
-    return JaxPolicy(Sampler(model, sampler_config, detokenize=detokenize), update.version, seed=seed)
+    return JaxPolicy(Sampler(model, sampler_config, detokenize=detokenize), update.version, seed=seed,
+                     timing_lock=timing_lock)
 
 
-def jax_policy_from_checkpoint(path, sampler_config, detokenize=None, seed: int = 0, **config_overrides) -> JaxPolicy:
+def jax_policy_from_checkpoint(path, sampler_config, detokenize=None, seed: int = 0, timing_lock: Any = None,
+                               **config_overrides) -> JaxPolicy:
     """A frozen JaxPolicy from a Hugging Face checkpoint folder (evaluation mode); version 0, named by the path.
     Raises learner.hf_checkpoint.CheckpointError naming a missing or mismatched file."""
     from learner.hf_checkpoint import load_pretrained
 
     model = load_pretrained(path, **config_overrides)
-    return JaxPolicy(Sampler(model, sampler_config, detokenize=detokenize), 0, seed=seed, name=f"checkpoint:{path}")
+    return JaxPolicy(Sampler(model, sampler_config, detokenize=detokenize), 0, seed=seed, name=f"checkpoint:{path}",
+                     timing_lock=timing_lock)

@@ -153,8 +153,9 @@ class WeightsRefresher:
 
     fetcher: a `protocol.weights_channel.WeightsFetcher`; make_policy(update) -> policy (e.g. build a model with
     `model_from_tensors`, a Sampler and a `JaxPolicy` of `update.version`). `poll()` is blocking (run it in a
-    thread); it returns a new policy or None, and never raises for a learner that is away (logged and counted).
-    Counters in `stats`: polls, fetched, failures.
+    thread); it returns a new policy or None, and never raises: a learner that is away is logged and counted
+    (failures), a version whose tensors do not fit the model is refused (logged, counted, not fetched again).
+    Counters in `stats`: polls, fetched, failures, refused.
     """
 
     def __init__(self, fetcher: Any, make_policy: Callable[[Any], Any], timeout_s: float = 10.0):
@@ -162,12 +163,13 @@ class WeightsRefresher:
         self.make_policy = make_policy
         self.timeout_s = timeout_s
         self.version = -1
-        self.stats = {"polls": 0, "fetched": 0, "failures": 0}
+        self.refused_version = -1
+        self.stats = {"polls": 0, "fetched": 0, "failures": 0, "refused": 0}
 
     def poll(self) -> Any | None:
         self.stats["polls"] += 1
         try:
-            update = self.fetcher.fetch(self.version, timeout_s=self.timeout_s)
+            update = self.fetcher.fetch(max(self.version, self.refused_version), timeout_s=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - learner away or restarting: keep the current weights
             self.stats["failures"] += 1
             log.warning("weights: no update from the learner (%s: %s); keeping version %d", type(e).__name__, e,
@@ -175,7 +177,14 @@ class WeightsRefresher:
             return None
         if update is None:
             return None
-        policy = self.make_policy(update)
+        try:
+            policy = self.make_policy(update)
+        except Exception as e:  # noqa: BLE001 - e.g. tensors that do not fit the model config: keep the old ones
+            self.stats["refused"] += 1
+            self.refused_version = update.version
+            log.error("weights: version %d refused (%s: %s); keeping version %d", update.version, type(e).__name__,
+                      e, self.version)
+            return None
         self.version = update.version
         self.stats["fetched"] += 1
         log.info("weights: version %d received (%d tensors)", update.version, len(update.tensors))

@@ -85,7 +85,7 @@ def test_scripted_episodes_get_the_right_rewards_masks_and_observations(tokenize
     assert good.final.status == "ok" and good.reward == good.final.timing.milestone >= 0
     assert [t["tool"] for t in good.tool_log] == ["write_file", "write_file", "compile", "verify", "profile", "finish"]
     obs = [m.content for m in good.messages if m.role == "tool"]
-    assert obs[2] == "compile: ok" and obs[3].startswith("verify: PASS: correct on 2 of 2 trials")
+    assert obs[2].startswith("compile: ok") and obs[3].startswith("verify: PASS: correct on ")
     assert obs[4].startswith("profile: reward") and "speed-up vs eager" in obs[4] and "yours" in obs[4]
 
     wrong = eps["wrong"]

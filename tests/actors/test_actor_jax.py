@@ -27,6 +27,8 @@ from protocol.trajectory_channel import TrajectoryOutbox, TrajectoryReceiver
 from protocol.weights_channel import WeightsFetcher, WeightsPublisher
 
 PAD = 1024  # learner-side recomputation pads every sequence to this length (one compilation)
+SAMPLER_CONFIG = SamplerConfig(min_prompt_bucket=256, min_cache_bucket=512, min_batch_bucket=4, max_cache_len=PAD,
+                               decode_chunk_steps=8)
 
 
 @jax.jit
@@ -60,8 +62,7 @@ def test_tiny_jax_model_runs_episodes_across_a_weights_refresh(tokenizer, sandbo
     publisher = WeightsPublisher(weights_ep, chunk_bytes=64 << 10).start()
     publisher.publish(1, weights[1])
 
-    sampler_config = SamplerConfig(min_prompt_bucket=256, min_cache_bucket=512, min_batch_bucket=4, max_cache_len=PAD,
-                                   decode_chunk_steps=8)
+    sampler_config = SAMPLER_CONFIG
     fetcher = WeightsFetcher(weights_ep, actor_id="jax-actor", timeout_s=2.0)
     refresher = WeightsRefresher(fetcher, lambda u: jax_policy_from_update(u, cfg, sampler_config, tokenizer.decode,
                                                                            seed=7))

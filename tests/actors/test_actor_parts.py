@@ -237,3 +237,51 @@ def test_weights_naming_round_trip_and_errors():
         model_from_tensors(cfg, {k: v for k, v in tensors.items() if k != "lm_head"})
     with pytest.raises(ValueError, match="shape"):
         model_from_tensors(cfg.replace(hidden_size=32), tensors)
+
+
+def test_jax_policy_waits_while_the_sandbox_times_on_its_gpu(tokenizer, tmp_path):
+    import threading
+
+    from actors.policy import JaxPolicy
+    from actors.sampler import Sampler
+    from actors.weights import model_from_tensors, random_policy_tensors
+    from learner.model import ModelConfig
+    from test_actor_jax import SAMPLER_CONFIG  # same shapes: the sampler's compilations are shared in-process
+
+    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
+    sampler = Sampler(model_from_tensors(cfg, random_policy_tensors(cfg, seed=5)), SAMPLER_CONFIG)
+    from sandbox.service_lock import DeviceTimingLock
+
+    lock = DeviceTimingLock("gpu-test", tmp_path)
+    policy = JaxPolicy(sampler, version=4, timing_lock=lock)
+    sp = [SamplingParams(max_new_tokens=3, temperature=0.0)]
+    first = policy.generate([[1, 2, 3]], sp)  # compiles; no timer around
+    assert len(first[0].tokens) == 3 and policy.lock_waits == 0
+    done = threading.Event()
+    with lock.timing(timeout_s=1.0) as state:  # the sandbox worker times a kernel
+        assert state.acquired
+        t = threading.Thread(target=lambda: (policy.generate([[1, 2, 3]], sp), done.set()))
+        t.start()
+        assert not done.wait(0.5)  # the sampler call waits for the timer
+    assert done.wait(30) and policy.lock_waits == 1
+    t.join()
+
+
+def test_refresher_refuses_weights_that_do_not_fit_and_takes_the_next(tmp_path):
+    from _helpers import free_port
+    from actors.weights import WeightsRefresher, model_from_tensors, random_policy_tensors
+    from learner.model import ModelConfig
+    from protocol.weights_channel import WeightsFetcher, WeightsPublisher
+
+    cfg = ModelConfig.tiny()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with WeightsPublisher(endpoint) as publisher, WeightsFetcher(endpoint, timeout_s=2.0) as fetcher:
+        publisher.start()
+        refresher = WeightsRefresher(fetcher, lambda u: (u.version, model_from_tensors(cfg, u.tensors)))
+        assert refresher.poll() is None and refresher.version == -1  # nothing published yet
+        publisher.publish(1, random_policy_tensors(cfg.replace(hidden_size=32), seed=1))
+        assert refresher.poll() is None and refresher.stats["refused"] == 1 and refresher.version == -1
+        assert refresher.poll() is None and refresher.stats["refused"] == 1  # not fetched again
+        publisher.publish(2, random_policy_tensors(cfg, seed=2))
+        version, _model = refresher.poll()
+        assert version == 2 == refresher.version and refresher.stats["fetched"] == 1
