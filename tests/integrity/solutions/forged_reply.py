@@ -4,7 +4,6 @@
 Defence: every request carries a fresh nonce the reply must echo: violation "forged_reply".
 """
 import os
-import stat
 
 import torch
 import torch.nn as nn
@@ -20,7 +19,7 @@ class ModelNew(nn.Module):
     def forward(self, x):
         for fd in range(3, 64):
             try:
-                if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                if os.fstat(fd).st_mode & 0o170000 == 0o010000:  # a pipe
                     os.write(fd, FRAME)
             except OSError:
                 pass

@@ -1,4 +1,4 @@
-"""Attacking the harness: read other jobs' build caches and workspaces (their kernels, their outputs).
+"""Attacking the harness: read other jobs' workspaces and build caches (their kernels, their outputs).
 
 Defence: the audit hook refuses opening files outside the workspace and the Python installation (violation
 "file_access"); beneath it, the cache is root-only (mode 0700) and the candidate runs as another uid.
@@ -12,9 +12,8 @@ from sandbox.runtime import load_kernels
 
 K = load_kernels()
 
-build = os.path.dirname(os.environ["CUDA_AGENT_KERNELS_MANIFEST"])
-cache_root = os.path.dirname(build)
-with open(os.path.join(cache_root, "0" * 40, "manifest.json")) as f:  # a sibling build of another job
+work_root = os.path.dirname(os.getcwd())  # the folder that holds every job's workspace
+with open(os.path.join(work_root, "another-job", "model_new.py")) as f:
     f.read()
 
 
