@@ -168,6 +168,9 @@ class Monitor:
             if self._candidate_on_stack(3):
                 return ("memory_read", f"{event} called by the solution (reading process memory)")
             return None
+        if self.fmt == "extension" and self.phase == "load" and event in ("open", "ctypes.dlopen", "ctypes.dlsym",
+                                                                            "subprocess.Popen", "os.posix_spawn"):
+            return None  # load_inline builds and loads its module at import (ninja, compilers; confined by the jail)
         if event == "open":
             path = args[0] if args else ""
             if isinstance(path, bytes):
@@ -185,8 +188,6 @@ class Monitor:
             flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & (os.O_WRONLY | os.O_RDWR))
             if writing:
-                if self.fmt == "extension" and self.phase == "load":
-                    return None  # load_inline writes its build folder (confined by the jail)
                 if self._candidate_on_stack(3):
                     return ("file_write", f"the solution opened {path} for writing (solutions write no files)")
                 return None
@@ -196,8 +197,6 @@ class Monitor:
                 return ("file_access", f"the solution opened {path} (outside its workspace and the Python installation)")
             return None
         if event in _PROCESS_EVENTS:
-            if self.fmt == "extension" and self.phase == "load" and event == "subprocess.Popen":
-                return None  # load_inline builds with ninja at import (confined by the jail)
             if self._candidate_on_stack(3):
                 return ("process", f"{event} by the solution")
             return None
@@ -253,7 +252,8 @@ def install_thread_guard(monitor: Monitor) -> None:
         return
 
     def start_new_thread(function, args, kwargs=None):  # noqa: ANN001
-        if monitor.phase != "harness" and monitor._candidate_on_stack(1):
+        active = monitor.phase == "call" or (monitor.phase == "load" and monitor.fmt != "extension")
+        if active and monitor._candidate_on_stack(1):
             monitor.record("thread", "the solution started a thread (work must finish inside forward, on the "
                                      "device's streams)")
             raise RuntimeError("starting threads is forbidden in a solution")
