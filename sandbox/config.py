@@ -82,6 +82,9 @@ class SandboxConfig:
     """Largest median relative error of a float32 output (sandbox.verify.precision_shortfall); 0 = no check."""
     timed_input_bytes_max: int = 256 * 1024 * 1024
     """Profile: bytes of fresh input sets per repetition (one set per timed call); bounds calls per repetition."""
+    fresh_calls_per_rep_max: int = 16
+    """Profile: at most this many timed calls (each on its own fresh input set) per repetition; with per-call timing
+    (CUDA events, perf_counter) more calls only add input generation and transfer."""
 
     build_only: bool = False
     """Stop after the static checks and the build (the agent's `compile` tool): status ok with reward 0 when it

@@ -821,7 +821,7 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
     one = timer.run(eager, [x0])["ms_per_call"]
     in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(x0)) or 1
-    calls = max(1, min(cfg.max_calls_per_rep, math.ceil(cfg.min_rep_ms / max(one, 1e-6)),
+    calls = max(1, min(cfg.max_calls_per_rep, cfg.fresh_calls_per_rep_max, math.ceil(cfg.min_rep_ms / max(one, 1e-6)),
                        max(1, cfg.timed_input_bytes_max // in_bytes)))
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
