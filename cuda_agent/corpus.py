@@ -99,7 +99,8 @@ def demos_for(tasks: Sequence[Task], fmt: str, variants: Sequence[str]) -> list[
     return out
 
 
-def demo_messages(task: Task, files: dict[str, str], fmt: str, mode: str, max_turns: int = 0, notes: str = ""):
+def demo_messages(task: Task, files: dict[str, str], fmt: str, mode: str, max_turns: int = 0, notes: str = "",
+                  skill: str = "full"):
     """The chat of one demonstration (see the module doc): a list of learner.chat.Message."""
     from actors.skill import system_prompt, task_prompt
     from learner.chat import Message, format_tool_call
@@ -111,17 +112,18 @@ def demo_messages(task: Task, files: dict[str, str], fmt: str, mode: str, max_tu
     parts += [format_tool_call("write_file", {"path": p, "content": files[p]}) for p in order]
     if mode == "multi_turn":
         parts.append(format_tool_call("finish", {}))
-    return [Message("system", system_prompt(fmt, mode, max_turns)), Message("user", task_prompt(task, fmt, mode)),
+    return [Message("system", system_prompt(fmt, mode, max_turns, skill)), Message("user", task_prompt(task, fmt, mode)),
             Message("assistant", "\n".join(parts))]
 
 
-def tokenizer_corpus(train: Sequence[Task], eval_tasks: Sequence[Task], fmt: str, max_turns: int = 8) -> Iterator[str]:
+def tokenizer_corpus(train: Sequence[Task], eval_tasks: Sequence[Task], fmt: str, max_turns: int = 8,
+                     skill: str = "full") -> Iterator[str]:
     """Texts a from-scratch tokenizer is trained on: the skill prompts, every task's prompt (eval tasks included:
     they are model inputs, never targets), and the demonstrations of the training tasks rendered as chats."""
     from actors.skill import system_prompt, task_prompt
 
     for mode in MODES:
-        yield system_prompt(fmt, mode, max_turns)
+        yield system_prompt(fmt, mode, max_turns, skill)
     for t in list(train) + list(eval_tasks):
         yield task_prompt(t, fmt, "single_turn")
     for t, d in demos_for(train, fmt, ("naive", "fused", "fast")):

@@ -32,7 +32,7 @@ def model_config(spec: ModelSpec, vocab_size: int):
 
 
 def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: Sequence[Task],
-                  eval_tasks: Sequence[Task], fmt: str, seed: int = 0) -> dict:
+                  eval_tasks: Sequence[Task], fmt: str, seed: int = 0, skill: str = "full") -> dict:
     """Write tokenizer.json and the initial checkpoint into `out` (skipped when `out/config.json` exists: resume).
     Returns a summary {"path", "params", "vocab_size", "tokenizer_s", "init_s"}. Raises ValueError when a given
     checkpoint lacks config.json or tokenizer.json."""
@@ -58,7 +58,8 @@ def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: S
     if tok_spec.path:
         tok = Tokenizer.from_file(tok_spec.path)
     else:
-        tok = train_tokenizer(tokenizer_corpus(train, eval_tasks, fmt), tok_spec.vocab_size, tok_spec.min_frequency)
+        tok = train_tokenizer(tokenizer_corpus(train, eval_tasks, fmt, skill=skill), tok_spec.vocab_size,
+                              tok_spec.min_frequency)
     tok.save(out / "tokenizer.json")
     t1 = time.monotonic()
     cfg = model_config(model, tok.vocab_size)
@@ -70,3 +71,31 @@ def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: S
             "init_s": round(time.monotonic() - t1, 2)}
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m cuda_agent.prepare RUN_DIR --device cpu --format cpu`: prepare_model for a run folder (the train
+    driver runs it as a child so that the driver itself never imports JAX). Prints the summary as JSON."""
+    import argparse
+    import sys
+
+    from cuda_agent.config import load_config
+    from cuda_agent.train_config import TrainConfig
+    from tasks.loaders import load_jsonl
+
+    p = argparse.ArgumentParser(description="Write the tokenizer and the initial model of a run.")
+    p.add_argument("run_dir")
+    p.add_argument("--format", default="cpu")
+    args = p.parse_args(argv)
+    run = Path(args.run_dir)
+    cfg = load_config(TrainConfig, run / "config.yaml")
+    train = load_jsonl(run / "tasks" / "train.jsonl")
+    ev = load_jsonl(run / "tasks" / "eval.jsonl")
+    info = prepare_model(run / "model", cfg.model, cfg.tokenizer, train, ev, args.format, cfg.seed,
+                         cfg.actor.agent.skill)
+    sys.stdout.write(json.dumps(info) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

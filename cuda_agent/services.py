@@ -34,14 +34,16 @@ def cache_root(configured: str = "") -> Path:
     return Path(base) / "cuda-agent"
 
 
-def child_env(cpu_threads: int | None = None) -> dict[str, str]:
-    """Environment every child gets: the repository on PYTHONPATH (so a source checkout works uninstalled) and,
-    on CPU, bounded thread pools so that processes sharing a small machine do not oversubscribe it."""
+def child_env(cpu_threads: int | None = None, jax_memory_fraction: float | None = None) -> dict[str, str]:
+    """Environment every child gets: the repository on PYTHONPATH (so a source checkout works uninstalled); on
+    CPU, optionally bounded thread pools; on a shared GPU, JAX's share of its memory (no preallocation beyond)."""
     env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + ([os.environ["PYTHONPATH"]]
                                                              if os.environ.get("PYTHONPATH") else [])),
            "PYTHONUNBUFFERED": "1"}
     if cpu_threads:
         env.update({"OMP_NUM_THREADS": str(cpu_threads), "MKL_NUM_THREADS": str(cpu_threads)})
+    if jax_memory_fraction is not None:
+        env.update({"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{jax_memory_fraction:.3f}"})
     return env
 
 
@@ -58,7 +60,9 @@ def sandbox_node_spec(name: str, config_yaml: Path, endpoint: str, ready_file: P
                        restart_on_exit_0=restart, stop_timeout_s=stop_timeout_s, ready_file=str(ready_file))
 
 
-def eval_spec(name: str, args: Sequence[str], cpu_threads: int | None = None) -> ProcessSpec:
+def eval_spec(name: str, args: Sequence[str], cpu_threads: int | None = None,
+              jax_memory_fraction: float | None = None) -> ProcessSpec:
     """`cuda-agent eval ARGS` as a child (not restarted: the driver retries a failed evaluation itself)."""
     return ProcessSpec(name=name, argv=[sys.executable, "-m", "cuda_agent.cli", "eval", *args],
-                       env=child_env(cpu_threads), cwd=str(REPO_ROOT), restart=False, stop_timeout_s=30.0)
+                       env=child_env(cpu_threads, jax_memory_fraction), cwd=str(REPO_ROOT), restart=False,
+                       stop_timeout_s=30.0)

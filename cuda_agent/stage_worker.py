@@ -15,7 +15,7 @@ actors and the evaluations. Data per stage:
                   rewards give the baseline something to learn; learner.stages.value_pretrain)
 
 Budgets: `steps` optimiser steps or `time_budget_s`, whichever comes first. Progress: one JSON line per step in
-RUN/learner/<stage>/metrics.jsonl (learner.metrics.MetricsLogger), read by the train driver. Checkpoints
+RUN/learner/<stage>/metrics/metrics.jsonl (learner.metrics.MetricsLogger), read by the train driver. Checkpoints
 (learner.checkpoint, Orbax) go to RUN/learner/<stage>/ckpt every `checkpoint_every` steps and on SIGTERM; a
 restarted worker resumes from the newest one. Exit codes: 0 done, 3 stopped by SIGTERM (checkpoint written),
 4 nothing to train on (e.g. RFT with no trajectory over the threshold: the stage is skipped, OUT_DIR is a copy of
@@ -62,7 +62,7 @@ def demo_sequences(cfg, chat, train_tasks, fmt: str) -> tuple[list[_Seq], dict]:
     for task, demo in demos_for(train_tasks, fmt, tuple(ws.variants)):
         for mode in ("single_turn", "multi_turn"):
             max_turns = cfg.stages.multi_turn_ppo.max_turns if mode == "multi_turn" else 0
-            r = chat.render(demo_messages(task, demo.files, fmt, mode, max_turns, demo.notes))
+            r = chat.render(demo_messages(task, demo.files, fmt, mode, max_turns, demo.notes, cfg.actor.agent.skill))
             if len(r.ids) > ws.max_seq_len:
                 too_long += 1
                 continue
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     stop = _Stop()
-    metrics = MetricsLogger(work, tensorboard=False)
+    metrics = MetricsLogger(work / "metrics", tensorboard=False)
     tok = Tokenizer.from_file(args.init)
     chat = ChatFormat(tok)
     fmt = args.format

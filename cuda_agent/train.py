@@ -171,8 +171,9 @@ class TrainDriver:
         self.sup = Supervisor(self.run_dir.log_dir(), on_event=self._on_event)
         try:
             self._progress_start()
+            self._start_sandbox()  # comes up while the model is prepared
             self._prepare()
-            self._start_sandbox()
+            self._wait_sandbox()
             if cfg.eval.initial:
                 self._evaluate("initial", self.state["policy"])
             for stage in STAGE_NAMES:
@@ -245,7 +246,6 @@ class TrainDriver:
     # ------------------------------------------------------------------------------------------------ prepare
     def _prepare(self) -> None:
         from cuda_agent.corpus import train_and_eval_tasks
-        from cuda_agent.prepare import prepare_model
         from tasks.loaders import write_jsonl
 
         cfg = self.cfg
@@ -260,12 +260,14 @@ class TrainDriver:
         from cuda_agent.corpus import demos_for
 
         demo_ids = sorted({t.id for t, _ in demos_for(train, self.fmt, ("naive", "fused", "fast"))})
+        rollout = [t for t in train if t.id in demo_ids] if cfg.tasks.rollout_demo_tasks_only else train
+        write_jsonl(rollout or train, tdir / "rollout.jsonl")
         probe = [t for t in train if t.id in demo_ids][: cfg.eval.on_train_tasks]
         if probe:
             write_jsonl(probe, tdir / "train_probe.jsonl")
         self._bar_update(bar, 1, f"{len(train)} training tasks ({len(demo_ids)} with demonstrations), "
                                  f"{len(ev)} evaluation tasks")
-        info = prepare_model(self.run_dir / "model", cfg.model, cfg.tokenizer, train, ev, self.fmt, cfg.seed)
+        info = self._prepare_model()
         self.state.setdefault("policy", info["path"])
         self.state["model"] = info
         self.state["tasks"] = {"train": len(train), "eval": len(ev), "with_demos": len(demo_ids),
@@ -275,6 +277,28 @@ class TrainDriver:
             f"prepare/{k}": v for k, v in info.items() if isinstance(v, (int, float))})
         self._bar_update(bar, 3, f"model {info.get('params', '?')} parameters, vocab {info.get('vocab_size', '?')}",
                          done=True)
+
+    def _prepare_model(self) -> dict:
+        """Tokenizer and initial model in a child process (JAX stays out of the driver)."""
+        from cuda_agent.services import REPO_ROOT, child_env
+        from cuda_agent.supervisor import ProcessSpec
+
+        info_path = self.run_dir / "model" / "prepare.json"
+        if self.cfg.model.init == "scratch" and info_path.exists():
+            return _read_json(info_path)
+        argv = [sys.executable, "-m", "cuda_agent.prepare", str(self.run_dir.root), "--format", self.fmt]
+        mp = self.sup.start(ProcessSpec("prepare", argv, env=child_env(), cwd=str(REPO_ROOT)))
+        while mp.state in ("running", "starting"):
+            if self.stop.is_set():
+                self.sup.stop("prepare")
+                raise Interrupted()
+            time.sleep(0.2)
+        if mp.returncode != 0:
+            from cuda_agent.supervisor import tail as log_tail
+
+            raise RuntimeError(f"preparing the model failed (exit {mp.returncode}):\n{log_tail(mp.log_path, 15)}")
+        lines = [ln for ln in mp.log_path.read_text().splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1])
 
     def _start_sandbox(self) -> None:
         from cuda_agent.config import to_yaml
@@ -291,7 +315,11 @@ class TrainDriver:
                                  restart=True, max_restarts=cfg.supervision.max_restarts,
                                  stop_timeout_s=cfg.supervision.stop_timeout_s)
         self.sup.start(spec)
-        self._wait_ready("sandbox", cfg.supervision.ready_timeout_s)
+        self._sandbox_bar = (bar, backend)
+
+    def _wait_sandbox(self) -> None:
+        bar, backend = self._sandbox_bar
+        self._wait_ready("sandbox", self.cfg.supervision.ready_timeout_s)
         self._bar_update(bar, 1, f"{backend} backend at {self.sandbox_endpoint}", done=True)
 
     def _wait_ready(self, name: str, timeout_s: float) -> None:
@@ -348,19 +376,20 @@ class TrainDriver:
         cfg = self.cfg
         spec = getattr(cfg.stages, stage)
         if stage in ("rft", "value_pretrain"):
-            store = self.run_dir / "learner" / "single_turn_ppo" / "store"
+            store = self.run_dir / "learner" / "single_turn_ppo" / "stages" / "single_turn_ppo"
             if not store.exists():
-                st.update(status="no_data", note="no single-turn PPO trajectories to learn from (stage 1 did not run)")
+                st.update(status="no_data", note="no single-turn PPO trajectories to learn from")
                 return False
         out = self.run_dir.policy_dir(stage)
         argv = [sys.executable, "-m", "cuda_agent.stage_worker", "--run-dir", str(self.run_dir.root), "--stage", stage,
                 "--init", str(self.state["policy"]), "--out", str(out), "--format", self.fmt, "--device", self.device,
-                "--store", str(self.run_dir / "learner" / "single_turn_ppo" / "store")]
+                "--store", str(self.run_dir / "learner" / "single_turn_ppo" / "stages")]
         name = f"stage-{stage}"
-        mp = self.sup.start(ProcessSpec(name, argv, env=child_env(), cwd=str(Path(__file__).resolve().parents[1]),
+        mp = self.sup.start(ProcessSpec(name, argv, env=child_env(jax_memory_fraction=cfg.jax_memory_fraction),
+                                        cwd=str(Path(__file__).resolve().parents[1]),
                                         restart=False, stop_timeout_s=cfg.supervision.stop_timeout_s))
         bar = self._bar(stage.replace("_", " "), spec.steps)
-        tail = JsonlTail(self.run_dir.learner_dir(stage) / "metrics.jsonl")
+        tail = JsonlTail(self.run_dir.learner_dir(stage) / "metrics" / "metrics.jsonl")
         base = int(self.state.get("global_step", 0))
         last_step = 0
         while True:
@@ -412,14 +441,21 @@ class TrainDriver:
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def _evaluate(self, tag: str, policy: str, split: str = "eval", updates: int | None = None) -> dict | None:
-        """`cuda-agent eval` on the evaluation split (or the training probe) in a child process; logs the
-        KernelBench metrics as a kind="eval" record and keeps eval/<tag>.json and the episode rows."""
+        """`cuda-agent eval` on the evaluation split (or the training probe) in a child process, waited for; logs
+        the KernelBench metrics as a kind="eval" record and keeps eval/<tag>.json and the episode rows."""
+        h = self._eval_start(tag, policy, split, updates)
+        if h is None:
+            return None
+        self._eval_wait(h)
+        return self._eval_finish(h)
+
+    def _eval_start(self, tag: str, policy: str, split: str = "eval", updates: int | None = None) -> dict | None:
+        """Start an evaluation child (None when this tag was already evaluated: resume)."""
         from cuda_agent.services import eval_spec
 
         cfg = self.cfg
         full_tag = tag if split == "eval" else f"{tag}-train"
-        done = self.state.setdefault("evals", [])
-        if full_tag in done:
+        if full_tag in self.state.setdefault("evals", []):
             return None
         e = cfg.eval
         tasks = self.run_dir / "tasks" / ("eval.jsonl" if split == "eval" else "train_probe.jsonl")
@@ -430,50 +466,76 @@ class TrainDriver:
                 "--max-new-tokens", str(e.max_new_tokens_per_turn), "--max-context-tokens", str(e.max_context_tokens),
                 "--concurrency", str(max(1, min(cfg.actor.concurrent_episodes, 32))), "--format", self.fmt,
                 "--sandbox", self.sandbox_endpoint, "--out", str(out), "--seed", str(cfg.seed), "--quiet",
-                "--tag", full_tag]
+                "--tag", full_tag, f"agent.skill={cfg.actor.agent.skill}"]
         if e.mode == "multi_turn":
             args.append("--multi-turn")
         name = f"eval-{full_tag}"
         n_tasks = sum(1 for _ in open(tasks))
         bar = self._bar(f"eval {full_tag}"[:16], n_tasks * e.samples_per_task)
-        mp = self.sup.start(eval_spec(name, args))
-        t0 = time.monotonic()
-        rows_path = out / "episodes.jsonl"
-        while mp.state in ("running", "starting"):
+        mp = self.sup.start(eval_spec(name, args, jax_memory_fraction=cfg.jax_memory_fraction))
+        return {"name": name, "tag": full_tag, "split": split, "out": out, "bar": bar, "mp": mp,
+                "t0": time.monotonic(), "policy": policy,
+                "updates": updates if updates is not None else int(self.state.get("global_step", 0)),
+                "stage": self.state.get("current_stage", "")}
+
+    def _eval_poll(self, h: dict) -> bool:
+        """Update the evaluation's progress bar; True once its child has exited (or was stopped for time)."""
+        mp = h["mp"]
+        if mp.state not in ("running", "starting"):
+            return True
+        if time.monotonic() - h["t0"] > self.cfg.eval.timeout_s:
+            self.sup.stop(h["name"])
+            log.warning("evaluation %s took longer than %.0f s: stopped", h["tag"], self.cfg.eval.timeout_s)
+            return True
+        n = _count_lines(h["out"] / "episodes.jsonl")
+        self._bar_update(h["bar"], n, f"{n} episodes")
+        return False
+
+    def _eval_wait(self, h: dict) -> None:
+        while not self._eval_poll(h):
             if self.stop.is_set():
-                self.sup.stop(name)
+                self.sup.stop(h["name"])
                 raise Interrupted()
-            if time.monotonic() - t0 > e.timeout_s:
-                self.sup.stop(name)
-                log.warning("evaluation %s took longer than %.0f s: stopped", full_tag, e.timeout_s)
-                break
-            n = _count_lines(rows_path)
-            self._bar_update(bar, n, f"{n} episodes")
             time.sleep(1.0)
+
+    def _eval_finish(self, h: dict) -> dict | None:
+        """Collect a finished evaluation: eval/<tag>.json, episodes/eval-<tag>.jsonl and a kind="eval" record."""
+        out, full_tag, mp = h["out"], h["tag"], h["mp"]
         payload = _read_json(out / "metrics.json")
         if not payload.get("metrics"):
             from cuda_agent.supervisor import tail as log_tail
 
             console.print(f"[yellow]evaluation {full_tag} gave no metrics (exit {mp.returncode}); see {mp.log_path}[/yellow]")
             log.warning("evaluation %s failed:\n%s", full_tag, log_tail(mp.log_path, 15))
-            self._bar_update(bar, stats="failed", done=True)
+            self._bar_update(h["bar"], stats="failed", done=True)
             return None
-        order = len(done)
-        payload.update(tag=full_tag, split=split, stage=self.state.get("current_stage", ""), order=order,
-                       updates=updates if updates is not None else int(self.state.get("global_step", 0)),
-                       elapsed_s=self.metrics.elapsed_s, policy_dir=str(policy))
+        done = self.state.setdefault("evals", [])
+        payload.update(tag=full_tag, split=h["split"], stage=h["stage"], order=len(done), updates=h["updates"],
+                       elapsed_s=self.metrics.elapsed_s, policy_dir=str(h["policy"]))
         self.run_dir.eval_path(full_tag).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        rows_path = out / "episodes.jsonl"
         if rows_path.exists():
             shutil.copy(rows_path, self.run_dir.episodes_path(f"eval-{full_tag}"))
         m = payload["metrics"]["overall"]
-        self.metrics.log("eval", self.state.get("current_stage", ""), int(self.state.get("global_step", 0)),
-                         tag=full_tag, split=split, **{k: v for k, v in m.items() if not isinstance(v, dict)},
+        self.metrics.log("eval", h["stage"], h["updates"], tag=full_tag, split=h["split"],
+                         **{k: v for k, v in m.items() if not isinstance(v, dict)},
+                         build_rate=_build_rate(m.get("status_counts", {}), m.get("samples", 0)),
                          episodes_per_s=payload.get("episodes_per_s"))
         done.append(full_tag)
         self._save_state()
-        self._bar_update(bar, stats=f"reward {m.get('mean_reward', 0):+.2f}  pass {m.get('pass_rate', 0):.0%}  "
-                                    f"{payload.get('episodes_per_s', 0):.2f} episodes/s", done=True)
+        self._bar_update(h["bar"], stats=f"reward {m.get('mean_reward', 0):+.2f}  pass {m.get('pass_rate', 0):.0%}  "
+                                         f"{payload.get('episodes_per_s', 0):.2f} episodes/s", done=True)
         return payload
+
+
+BUILT_STATUSES = ("ok", "incorrect", "runtime_error", "load_error", "timeout")
+
+
+def _build_rate(status_counts: dict, samples: int) -> float | None:
+    """Share of samples whose solution built (it got past the compiler, whatever happened next)."""
+    if not samples:
+        return None
+    return sum(v for k, v in status_counts.items() if k in BUILT_STATUSES) / samples
 
 
 def _read_json(path: Path) -> dict:

@@ -12,7 +12,7 @@ sandbox pipeline under `node.sandbox.*`).
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import List, Optional
 
 from actors.config import ActorConfig
 from learner.config import LearnerConfig
@@ -236,6 +236,9 @@ class TrainConfig:
     """Actor processes."""
     cache_dir: str = ""
     """Caches shared across runs (torch.compile baselines, builds); "" = ~/.cache/cuda-agent."""
+    jax_memory_fraction: Optional[float] = None
+    """Share of the GPU's memory each JAX process of the driver's (learner, evaluation) may take, so that the
+    actors (actor.sampler_memory_fraction) and the sandbox node can share one GPU; None = JAX's default."""
     model: ModelSpec = dataclasses.field(default_factory=ModelSpec)
     tokenizer: TokenizerSpec = dataclasses.field(default_factory=TokenizerSpec)
     tasks: TaskSpec = dataclasses.field(default_factory=TaskSpec)
@@ -250,3 +253,5 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.actors >= 1, f"actors must be >= 1, got {self.actors}")
+        _check(self.jax_memory_fraction is None or 0 < self.jax_memory_fraction <= 1,
+               f"jax_memory_fraction must be in (0, 1] or null, got {self.jax_memory_fraction}")
