@@ -69,6 +69,11 @@ class TrajectoryBuffer:
             self.stats["added"] += 1
             return True
 
+    def oldest(self) -> TrajectoryLike | None:
+        """The oldest trajectory still held (None when empty)."""
+        with self._lock:
+            return self._items[0] if self._items else None
+
     def is_stale(self, traj: TrajectoryLike, current_version: int) -> bool:
         return current_version - traj.policy_version > self.max_policy_lag
 

@@ -93,11 +93,14 @@ class LearnerCheckpointer:
         reference: Any = None,
         force: bool = False,
     ) -> bool:
-        """Save at `step` (monotonic across the run). Returns False when Orbax skipped it (step already saved).
+        """Save at `step` (monotonic across the run). Returns False when the step is already saved (the state
+        of one step does not change, so the earlier save stands) or Orbax's save policy skipped it.
 
         The time the caller was blocked is kept in `last_save_blocking_s`.
         """
         t0 = time.perf_counter()
+        if step in self._mgr.all_steps():
+            return False
         items: dict[str, Any] = {
             "policy": ocp.args.StandardSave(policy),
             "meta": ocp.args.JsonSave(dataclasses.asdict(meta)),
@@ -106,7 +109,10 @@ class LearnerCheckpointer:
             items["critic"] = ocp.args.StandardSave(critic)
         if reference is not None:
             items["reference"] = ocp.args.StandardSave(reference)
-        saved = self._mgr.save(step, args=ocp.args.Composite(**items), force=force)
+        try:
+            saved = self._mgr.save(step, args=ocp.args.Composite(**items), force=force)
+        except ocp.checkpoint_manager.StepAlreadyExistsError:
+            saved = False
         self.last_save_blocking_s = time.perf_counter() - t0
         return saved
 

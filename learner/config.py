@@ -211,3 +211,34 @@ class LearnerConfig:
         _check(self.batch_trajectories >= 1, "batch_trajectories must be >= 1")
         _check(self.buffer_capacity >= self.batch_trajectories, "buffer_capacity must be >= batch_trajectories")
         _check(self.publish_every_updates >= 1, "publish_every_updates must be >= 1")
+
+
+PUBLISH_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """The learner service (`cuda-agent learner serve`): endpoints, stage and budgets."""
+
+    trajectories: str = "tcp://*:5555"
+    """Where the acked trajectory channel binds (ROUTER)."""
+    weights: str = "tcp://*:5556"
+    """Where the weights publisher binds (ROUTER)."""
+    stage: str = "multi_turn_ppo"
+    """PPO stage served: single_turn_ppo or multi_turn_ppo (turn limits from StageConfig)."""
+    max_updates: int = 0
+    """Stop after this many PPO updates in this stage (0 = until stopped)."""
+    time_budget_s: float = 0.0
+    """Stop after this many seconds (0 = no limit)."""
+    publish_dtype: Optional[str] = None
+    """Cast weights to this dtype for the actors (float32 / bfloat16); None = the parameters' dtype."""
+    read_timeout_s: float = 0.5
+    """How long one poll of the spool waits for new trajectories."""
+
+    def __post_init__(self):
+        _check(self.stage in ("single_turn_ppo", "multi_turn_ppo"),
+               f"service stage must be single_turn_ppo or multi_turn_ppo, got {self.stage!r}")
+        _check(self.max_updates >= 0 and self.time_budget_s >= 0, "max_updates and time_budget_s must be >= 0")
+        _check(self.publish_dtype is None or self.publish_dtype in PUBLISH_DTYPES,
+               f"publish_dtype must be one of {PUBLISH_DTYPES} or None, got {self.publish_dtype!r}")
+        _check(self.read_timeout_s >= 0, "read_timeout_s must be >= 0")
