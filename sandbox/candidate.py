@@ -1,20 +1,30 @@
 """The candidate worker: the only process that imports and runs a solution's code.
 
-Started by the trusted side (sandbox.reference_worker) as
-`[unshare ...] python -m sandbox.candidate --fd-in N --fd-out M --device D --threads T`, ahead of time (a spare:
-it imports torch, the slow part of a start, then waits). The first message, `setup` {workspace, format, jail,
-env}, makes it confine itself (`sandbox.jail.enter`); `load` then installs the import hook (model_new.py may only
-import the allow-listed modules, `sandbox.static_check.allowed_imports`) and only then imports the solution.
-Each spare serves exactly one evaluation and is killed with its whole process tree afterwards.
-It talks to the trusted side over two inherited pipes (`sandbox.wire`: msgpack, no pickle) and never sees a
-seed, the reference's outputs or the reference module object; it sees only input tensors and weights.
+Started by the trusted side (sandbox.reference_worker), forked from a zygote or as
+`[unshare ...] python -m sandbox.candidate --fd-in N --fd-out M --device D --threads T`. The first message,
+`setup` {workspace, format, jail, env, flush_bytes, monitor}, makes it confine itself (`sandbox.jail.enter`) and
+then build its trusted pieces, before any solution code exists: the timer (`sandbox.timing.Timer`, which captures
+the clock, synchronisation and event functions it uses), the audit-hook monitor, the import hook, the thread guard
+and the torch wrappers (`sandbox.integrity`), and snapshots of torch's flags and callables and of the harness's own
+functions. `load` then imports the solution. Each worker serves exactly one evaluation and is killed with its whole
+process tree afterwards. It talks to the trusted side over two inherited pipes (`sandbox.wire`: msgpack, no
+pickle); every reply echoes the request's nonce, which solution code never sees, so a reply written by the solution
+is recognised. It never sees a seed, the reference's outputs or the reference module; only input tensors and
+weights.
 
-Requests (map with "op") and replies:
-  setup {workspace, format, jail, env}      -> {ok}   (first message only)
-  load  {init_inputs, state_dict, fmt}      -> {ok, log} | {ok: False, status, error, violations}
-  run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated} | error
-  time  {calls, flush_bytes}                -> {ok, ms_per_call, violations} | error   (on the last run's inputs)
-  last_outputs {}                           -> {ok, outputs}                             (of the last timed call)
+After every candidate phase it checks: violations the monitor recorded, replaced torch / timer / harness
+functions, numerics flags (put back; a change is a violation), outputs that are not plain tensors or do not live in
+memory allocated during the call (`sandbox.guard` FRESH_OPS), outputs that change after forward returned, Python
+threads still running solution code. Memory it is done with (outputs, inputs) is poisoned before release.
+
+Requests (map with "op" and "nonce") and replies (each with the nonce):
+  setup {workspace, format, jail, env, ...} -> {ok}   (first message only)
+  load  {init_inputs, state_dict}           -> {ok, log} | {ok: False, status, error, violations}
+  run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated, launches, ops, notes} | error
+  stage {input_sets}                        -> {ok, n}   (fresh inputs of the next timed repetition, one per call)
+  time  {}                                  -> {ok, ms_per_call, loop_ms, event_ms, calls, launches} | error
+  sample {positions, full}                  -> {ok, samples, full} | error  (checks of the repetition, then scrub)
+  ping  {}                                  -> {ok}   (the trusted side's round-trip reference)
   exit  {}                                  -> process exits
 """
 

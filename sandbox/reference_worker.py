@@ -17,10 +17,16 @@ One evaluation (`run_job`):
 1. draw `num_trials` seeds from the OS (`secrets`), make each input set with `torch.manual_seed(seed);
    get_inputs()`, and compute the reference outputs, all before any candidate process exists;
 2. start the candidate worker (sandbox.candidate) confined by sandbox.jail, send it the init inputs and the
-   reference state_dict (`load`), then each input set (`run`), and compare (sandbox.verify);
-3. if all trials pass: warm up, pick calls per repetition from eager's time, run `reps` interleaved repetitions,
-   check the outputs of the last timed call again, and compute speed-ups, intervals and the milestone
-   (sandbox.stats);
+   reference state_dict (`load`), then each input set (`run`), and compare (sandbox.verify, with a precision
+   budget on the median relative error); every forward must launch the solution's own kernels (`Evidence`);
+   then one trial on inputs scaled by a random factor (value-range shortcuts) and, where the task declares
+   shape parameters, trials on other shapes (sizes not multiples of block sizes), after which the default-shape
+   model is loaded again;
+3. if all trials pass, profile (`_profile`): per repetition, fresh input sets from fresh seeds, one per timed
+   call, the same for eager, torch.compile and the candidate in rotating order; the candidate's in-process timing
+   is accepted only when it agrees with this process's wall clock around the request (sandbox.timing.agree);
+   every timed call's outputs are checked at positions chosen after the calls, and one call's in full, against
+   eager's outputs on the same inputs; then speed-ups, intervals and the milestone (sandbox.stats);
 4. kill the candidate's process tree, whatever happened.
 A stage that runs past its limit kills the candidate and yields `timeout`; a candidate that dies (segfault,
 abort, sticky CUDA error) yields `runtime_error`; the trusted worker itself never runs candidate code.

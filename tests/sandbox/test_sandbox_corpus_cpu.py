@@ -32,7 +32,8 @@ def test_cpu_corpus_status_and_reward(cpu_evaluator, task, variant):
     assert res.message
     if res.status == "ok":
         assert res.reward >= 0
-        assert len(res.trials) == 6 and all(t.ok for t in res.trials)  # 5 fresh-seed trials + the timed outputs
+        # 5 fresh-seed trials, the value-range trial, then 2 per shape variant (skipped where the reference fails)
+        assert len(res.trials) >= 6 and all(t.ok for t in res.trials)
         t = res.timing
         assert t is not None and t.eager.reps == t.candidate.reps == 8 and t.compiled is not None
         assert t.speedup_eager.lo <= t.speedup_eager.point <= t.speedup_eager.hi
