@@ -1,6 +1,6 @@
 """Actor benchmark (issue 9): episodes per hour and where an actor's time goes (sampling / sandbox / idle).
 
-    python benchmarks/actor_bench.py --out OUTDIR                       # H200: 0.5B shape, bf16, cubin, local node
+    python benchmarks/actor_bench.py --out OUTDIR      # H200: 0.5B shape, bf16, cubin, local node (~9 min)
     python benchmarks/actor_bench.py --model tiny --backend cpu --fast-sandbox --skill brief --max-turns 4 \
         --think-tokens 32 --concurrent 4 --episodes 8 --out OUTDIR             # CPU smoke figures
 
@@ -23,8 +23,9 @@ The GPU is shared: JAX takes --mem-fraction of its memory; the sampler holds the
 around each call, so the node's worker times kernels alone (the sampler waits meanwhile; results timed without
 the lock are counted as contended).
 
-Reported for the measured phase (after a warm-up wave that compiles the sampler's shapes and the torch.compile
-baselines): episodes/hour, sampling busy, sandbox busy (at least one job of this actor in flight), both, idle
+Reported for the measured phase (after warm-up episodes, one per task by default, that compile the sampler's
+shapes and the torch.compile baselines; the measured phase starts episodes for --budget-s, then lets the
+running ones finish, and its wall clock includes that tail): episodes/hour, sampling busy, sandbox busy (at least one job of this actor in flight), both, idle
 (neither), the node's worker busy fraction, sampler calls and batch sizes, sampled tokens/s, sandbox calls per
 stage, episode statuses and rewards. Goal (issue 9): neither side idle more than 30% of the time.
 """
@@ -37,6 +38,7 @@ import os
 import random
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -170,7 +172,9 @@ def node_status(client: Any) -> dict[str, float]:
     return {"worker_busy_s": busy, "workers": workers}
 
 
-def run_phase(args: Any, cfg: Any, chat: Any, client: Any, policy: Any, fmt: str, tasks: list, episodes: int) -> dict:
+def run_phase(args: Any, cfg: Any, chat: Any, client: Any, policy: Any, fmt: str, tasks: list, episodes: int,
+              budget_s: float) -> dict:
+    """Run up to `episodes` episodes; after `budget_s` no new episode starts (the running ones finish)."""
     from actors.activity import ActivityClock
     from actors.actor import Actor, run_actor
     from actors.sandbox_stages import SandboxStages
@@ -191,7 +195,13 @@ def run_phase(args: Any, cfg: Any, chat: Any, client: Any, policy: Any, fmt: str
     before = node_status(client)
     tokens0 = policy.sampled_tokens
     order = [tasks[i % len(tasks)] for i in range(episodes)]
-    summary = run_actor(actor, order)
+    stop = threading.Event()
+    timer = threading.Timer(budget_s, stop.set)
+    timer.start()
+    try:
+        summary = run_actor(actor, order, stop=stop)
+    finally:
+        timer.cancel()
     after = node_status(client)
     t = summary["time"]
     wall = max(t["wall_s"], 1e-9)
@@ -221,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--sandbox", default="", help="existing node endpoints (comma-separated); default: a local node")
     ap.add_argument("--workers", type=int, default=0, help="local node's verify/profile workers (0 = node default)")
-    ap.add_argument("--episodes", type=int, default=48, help="measured episodes")
+    ap.add_argument("--episodes", type=int, default=1000, help="most measured episodes (the budget ends it first)")
+    ap.add_argument("--budget-s", type=float, default=360.0, help="measured phase: no episode starts after this")
+    ap.add_argument("--warmup-episodes", type=int, default=0, help="warm-up episodes (0 = one per corpus task)")
+    ap.add_argument("--warmup-budget-s", type=float, default=150.0)
+    ap.add_argument("--min-prompt-bucket", type=int, default=0, help="sampler's smallest prompt bucket (0 = 4096 on "
+                                                                      "a GPU, 256 on CPU: few shapes to compile)")
     ap.add_argument("--concurrent", type=int, default=16)
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--think-tokens", type=int, default=256)
@@ -247,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     from learner.model import ModelConfig
     from sandbox.client import SandboxClient
     from sandbox.config import SandboxConfig
-    from sandbox.evaluator import resolve_backend
 
     t_start = time.monotonic()
-    backend = resolve_backend(args.backend)
+    on_gpu = jax.default_backend() == "gpu"
+    backend = args.backend if args.backend != "auto" else ("cuda" if on_gpu else "cpu")  # no torch in this process
     fmt = "cubin" if backend == "cuda" else "cpu"
     node = None
     if args.sandbox:
@@ -267,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     corpus = load_corpus(fmt, [t for t in args.tasks.split(",") if t] or None)
     tok = build_tokenizer(corpus)
     chat = ChatFormat(tok)
-    on_gpu = jax.default_backend() == "gpu"
     if args.model == "tiny":
         mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
     else:
@@ -280,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                         solution_format=fmt, temperature=1.0, skill=args.skill)
     cfg = ActorConfig(actor_id="bench-actor", concurrent_episodes=args.concurrent, max_batch=64, agent=agent,
                       stages=StagesConfig(), max_cache_len=32768,
-                      sampler_min_batch_bucket=min(8, 1 << max(0, (args.concurrent - 1).bit_length())))
+                      sampler_min_batch_bucket=1 << max(0, (args.concurrent - 1).bit_length()),
+                      sampler_min_prompt_bucket=args.min_prompt_bucket or (4096 if on_gpu else 256))
     sampler = Sampler(model, cfg.sampler_config(), detokenize=tok.decode)
     inner = JaxPolicy(sampler, version=1, seed=args.seed, timing_lock=sampler_timing_lock("auto"))
     policy = ReplayPolicy(inner, tok, corpus, args.max_turns, args.think_tokens, seed=args.seed)
@@ -293,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if node is not None and not node.wait_ready(600):
             raise SystemExit("sandbox node workers did not come up")
         t0 = time.monotonic()
-        results["warmup"] = run_phase(args, cfg, chat, client, policy, fmt, tasks, max(len(tasks), args.concurrent))
+        results["warmup"] = run_phase(args, cfg, chat, client, policy, fmt, tasks,
+                                      args.warmup_episodes or len(tasks), args.warmup_budget_s)
         results["warmup"]["elapsed_s"] = time.monotonic() - t0
-        results["measured"] = run_phase(args, cfg, chat, client, policy, fmt, tasks, args.episodes)
+        results["measured"] = run_phase(args, cfg, chat, client, policy, fmt, tasks, args.episodes, args.budget_s)
     if node is not None:
         node.drain(30)
         node.close()
