@@ -11,6 +11,7 @@ FORBIDDEN = {
     "torch_compute": "dispatch_op",
     "try_except_fallback": "dispatch_op",
     "call_reference": "import",
+    "explicit_dunder_import": "import",
     "inherit_reference_exec": "reference_access",
     "numpy_compute": "numpy_bridge",
     "numpy_from_c_level": "stale_output",
@@ -86,3 +87,23 @@ def test_memory_exhaustion_fails_inside_the_candidate(hack_evaluator):
 def test_hang_times_out(hack_evaluator):
     res = hack_evaluator.evaluate(task(), adversarial("hang"), "cpu")
     assert res.status == "timeout" and res.reward == -1 and "ran past" in res.message
+
+
+@pytest.fixture(scope="module")
+def unmonitored_evaluator(tmp_path_factory):
+    """The in-process monitor off: what the checks after each call catch on their own."""
+    from sandbox.evaluator import Evaluator
+
+    from integrity_lib import cpu_config
+
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("unmonitored"), runtime_monitor=False, profile=False))
+    yield ev
+    ev.close()
+
+
+def test_background_thread_is_caught_without_the_monitor(unmonitored_evaluator):
+    """Second layer under the thread guard: a thread still running solution code after forward returned, or an
+    output that changes after the return, is caught by the checks that follow every call."""
+    res = unmonitored_evaluator.evaluate(task(), adversarial("thread_after_return"), "cpu")
+    assert res.status == "forbidden" and res.reward == -1, res.message
+    assert {"thread", "write_after_return"} & set(kinds(res)), res.violations

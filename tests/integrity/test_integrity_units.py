@@ -1,0 +1,89 @@
+"""Unit tests of the integrity pieces that need no evaluator: the wall-clock agreement rule, the timer's tamper
+check, the precision budget, shape variants, the torch state snapshot and the monitor's attribution."""
+
+import sys
+import time
+
+import pytest
+import torch
+
+from sandbox.evaluator import shape_variants
+from sandbox.integrity import Monitor, StateSnapshot
+from sandbox.timing import Timer, agree
+from sandbox.verify import precision_shortfall
+
+
+def test_agree_rejects_more_than_elapsed_and_far_less():
+    assert agree(10.0, 10.4, 0.05)  # honest: the wall clock adds IPC
+    assert agree(4.0, 9.0, 0.05)  # a loaded host: within the band
+    assert not agree(12.0, 10.0, 0.05)  # claims more time than passed
+    assert not agree(0.5, 20.0, 0.05)  # claims a fraction of the wall clock
+
+
+def test_timer_reports_a_replaced_clock_and_its_code():
+    t = Timer(cuda=False)
+    assert t.tampered() == []
+    real = time.perf_counter
+    try:
+        time.perf_counter = lambda: 0.0
+        assert t.tampered() == ["time.perf_counter"]
+    finally:
+        time.perf_counter = real
+    assert t.tampered() == []
+    r = t.run(lambda a: a * 2, [torch.ones(4)] * 3)
+    assert r["calls"] == 3 and r["loop_ms"] >= 0 and r["ms_per_call"] == pytest.approx(r["loop_ms"] / 3)
+
+
+def test_precision_budget_tells_fp32_from_bf16_rounding():
+    ref = torch.randn(4096) * 3 + 1
+    fp32_other_order = (ref.double() + 1e-7 * torch.randn(4096).double()).float()
+    bf16 = ref.bfloat16().float()
+    budget = {"float32": 1e-4}
+    assert precision_shortfall(ref, fp32_other_order, budget) == ""
+    assert precision_shortfall(ref, bf16, budget).startswith("precision: output: median relative error")
+    assert torch.allclose(bf16, ref, atol=1e-2, rtol=1e-2)  # the tolerance alone would pass it
+
+
+def test_shape_variants_are_odd_and_smaller():
+    assert shape_variants({"batch_size": 64, "dim": 16384}) == [{"batch_size": 33, "dim": 8193}]
+    assert shape_variants({"n": 1}) == []
+    assert shape_variants({}) == []
+
+
+def test_state_snapshot_puts_flags_back_and_names_replaced_functions():
+    snap = StateSnapshot()
+    prec = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium" if prec != "medium" else "high")
+    changed = snap.restore_flags()
+    assert torch.get_float32_matmul_precision() == prec and any("float32_matmul_precision" in c for c in changed)
+    real = torch.relu
+    try:
+        torch.relu = lambda x: x
+        assert "torch.relu" in snap.replaced()
+    finally:
+        torch.relu = real
+    assert snap.replaced() == []
+
+
+def test_monitor_attributes_events_to_workspace_code(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "probe_mod.py").write_text("import os\ndef peek():\n    return os.sys._getframe(0)\n")
+    sys.path.insert(0, str(ws))
+    try:
+        m = Monitor(str(ws), "cpu", set(), set())
+        import probe_mod
+
+        m.phase = "call"
+        # called as the audit hook would be: the event raised from probe_mod's frame
+        assert m._judge.__name__ == "_judge"
+        sys.addaudithook(m._hook)
+        with pytest.raises(ImportError, match="sys._getframe"):
+            probe_mod.peek()
+        assert m.violations and m.violations[0][0] == "introspection"
+        m.phase = "harness"
+        sys._getframe(0)  # harness code, harness phase: nothing recorded
+        assert len(m.violations) == 1
+    finally:
+        m.phase = "harness"
+        sys.path.remove(str(ws))
