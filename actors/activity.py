@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 ACTIVITIES = ("sampling", "sandbox")
 
@@ -15,12 +15,13 @@ class ActivityClock:
     """Busy time per activity (an activity is busy while at least one of its calls runs), and their overlap.
 
     `snapshot()` gives, in seconds: wall, sampling, sandbox, both, idle (= wall - time with either busy).
-    Thread-safe.
+    Thread-safe. now: the clock (seconds; monotonic by default).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
         self._lock = threading.Lock()
-        self._t0 = self._last = time.monotonic()
+        self._t0 = self._last = now()
         self._count = {a: 0 for a in ACTIVITIES}
         self._busy = {a: 0.0 for a in ACTIVITIES}
         self._both = 0.0
@@ -39,12 +40,12 @@ class ActivityClock:
 
     def start(self, activity: str) -> None:
         with self._lock:
-            self._advance(time.monotonic())
+            self._advance(self._now())
             self._count[activity] += 1
 
     def stop(self, activity: str) -> None:
         with self._lock:
-            self._advance(time.monotonic())
+            self._advance(self._now())
             self._count[activity] -= 1
 
     @contextlib.contextmanager
@@ -57,7 +58,7 @@ class ActivityClock:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            now = time.monotonic()
+            now = self._now()
             self._advance(now)
             wall = now - self._t0
             return {"wall_s": wall, "sampling_s": self._busy["sampling"], "sandbox_s": self._busy["sandbox"],

@@ -116,3 +116,37 @@ def test_tiny_jax_model_runs_episodes_across_a_weights_refresh(tokenizer, sandbo
         assert np.abs(own[sampled] - t.behaviour_logprobs[sampled]).max() < 1e-3
         assert np.abs(other[sampled] - t.behaviour_logprobs[sampled]).max() > 0.05
         assert np.all(t.behaviour_logprobs[~sampled] == 0)
+
+
+@pytest.mark.slow
+def test_evaluation_mode_with_a_frozen_checkpoint_writes_per_task_results(tokenizer, sandbox_client, tmp_path):
+    import json
+
+    from actors.actor import ResultWriter, repeat_tasks
+    from actors.policy import jax_policy_from_checkpoint
+    from actors.weights import policy_tensors
+    from learner.hf_checkpoint import save_pretrained
+
+    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
+    model = model_from_tensors(cfg, random_policy_tensors(cfg, seed=11, std=0.08))
+    save_pretrained(model, tmp_path / "ckpt", dtype="float32")
+    tokenizer.save(tmp_path / "ckpt" / "tokenizer.json")
+    policy = jax_policy_from_checkpoint(tmp_path / "ckpt", SAMPLER_CONFIG, detokenize=tokenizer.decode, seed=1)
+    saved = policy_tensors(model)
+    params = policy.sampler.params  # the weights the sampler actually uses
+    assert np.array_equal(np.asarray(params["embed"]), saved["backbone/embed"])
+    assert np.array_equal(np.asarray(params["head"]), saved["lm_head"])
+    assert np.array_equal(np.asarray(params["layers"][1]["wq"]), saved["backbone/layers/wq"][1])
+    agent = AgentConfig(skill="brief", max_turns=2, max_new_tokens_per_turn=8, min_new_tokens_per_turn=4,
+                        max_context_tokens=PAD - 1, solution_format="cpu")
+    out = tmp_path / "results.jsonl"
+    actor = Actor(ActorConfig(actor_id="eval", concurrent_episodes=2, agent=agent), ChatFormat(tokenizer),
+                  SandboxStages(sandbox_client, stages_for_tests(priority=0)), PolicyVersions(policy),
+                  ResultWriter(out), "cpu")
+    summary = run_actor(actor, repeat_tasks([make_task("a", "t_a"), make_task("b", "t_b")], samples_per_task=2))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert summary["episodes"] == 4 and len(rows) == 4 and sorted(r["task_id"] for r in rows) == ["t_a"] * 2 + ["t_b"] * 2
+    for r in rows:
+        assert r["policy"] == f"checkpoint:{tmp_path / 'ckpt'}" and r["policy_version"] == 0
+        assert r["status"] in ("finished", "max_turns", "context_exhausted") and r["reward"] == -1.0
+        assert r["final"]["status"] in ("compile_error", "load_error", "forbidden") and r["stats"]["sampled_tokens"] > 0

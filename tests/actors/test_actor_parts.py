@@ -158,7 +158,7 @@ def test_batcher_batches_waiting_episodes_and_separates_versions(tokenizer):
     assert stats["gather_waits"] == 0
     assert sorted(v1.calls) == [1, 4] and v2.calls == [2] and stats["sequences"] == 7
     assert [tokenizer.decode(o.tokens[:-1]) for o in outs] == ["one"] * 5 + ["two"] * 2
-    snap = clock.snapshot()
+    snap = clock.snapshot()  # three calls of at least 50 ms each were recorded as sampling
     assert 0.14 <= snap["sampling_s"] <= snap["wall_s"] and snap["sandbox_s"] == 0.0
 
 
@@ -183,16 +183,21 @@ def test_batcher_gives_every_episode_of_a_failed_call_the_error(tokenizer):
 
 
 def test_activity_clock_splits_time():
-    clock = ActivityClock()
-    clock.start("sandbox")
-    time.sleep(0.05)
-    with clock.busy("sampling"):
-        time.sleep(0.05)
+    t = [100.0]
+    clock = ActivityClock(now=lambda: t[0])
+    clock.start("sandbox")            # 100: one sandbox job
+    t[0] = 102.0
+    clock.start("sandbox")            # 102: two
+    with clock.busy("sampling"):      # 102-103.5: sampling too
+        t[0] = 103.5
     clock.stop("sandbox")
-    time.sleep(0.05)
-    s = clock.snapshot()
-    assert s["sandbox_s"] == pytest.approx(0.10, abs=0.03) and s["sampling_s"] == pytest.approx(0.05, abs=0.03)
-    assert s["both_s"] == pytest.approx(0.05, abs=0.03) and s["idle_s"] == pytest.approx(0.05, abs=0.03)
+    t[0] = 104.0
+    clock.stop("sandbox")             # 104: nothing
+    t[0] = 107.0
+    with clock.busy("sampling"):      # 107-108: sampling alone
+        t[0] = 108.0
+    t[0] = 110.0
+    assert clock.snapshot() == {"wall_s": 10.0, "sampling_s": 2.5, "sandbox_s": 4.0, "both_s": 1.5, "idle_s": 5.0}
 
 
 # ------------------------------------------------------------------------------------------ weights
