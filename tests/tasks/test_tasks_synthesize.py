@@ -109,6 +109,7 @@ def test_diversity_report_checks_the_goals():
     assert any("depth" in p for p in diversity_report(shallow).problems)
 
 
+@pytest.mark.slow
 def test_filter_command_drops_duplicates_and_contaminated(tmp_path, kb_fixture, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     cli._mount()
