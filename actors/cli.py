@@ -97,13 +97,15 @@ def _stages(cfg, client_id: str, curve_secret_key: Optional[Path], server_public
 
 
 def resolve_format(requested: str, stages, timeout_s: float = 60.0) -> str:
-    """"auto" -> "cubin" for cuda nodes, "cpu" for cpu nodes (asks the nodes; raises RuntimeError if none
-    answers within timeout_s)."""
+    """"auto" -> "cubin" for cuda nodes, "cpu" for cpu nodes (asks the nodes). Exits with status 2 and a clear
+    message when no node answers within timeout_s."""
     if requested != "auto":
         return requested
     backend = stages.backend(timeout_s)
     if backend is None:
-        raise RuntimeError(f"no sandbox node answered within {timeout_s:g} s; set agent.solution_format explicitly")
+        console.print(f"[red]no sandbox node answered at {', '.join(stages.client.endpoints)} within {timeout_s:g} s; "
+                      "start one (cuda-agent sandbox serve) or set agent.solution_format explicitly[/red]")
+        raise typer.Exit(2)
     return "cubin" if backend == "cuda" else "cpu"
 
 
