@@ -28,6 +28,9 @@ def _mount() -> None:
     from tasks.cli import app as tasks_app
 
     app.add_typer(tasks_app, name="tasks")
+    from learner.cli import app as learner_app
+
+    app.add_typer(learner_app, name="learner")
     from cuda_agent.eval import eval_cmd
 
     app.command("eval")(eval_cmd)

@@ -110,3 +110,41 @@ def demonstrations(n: int, seed: int = 0, task: SyntheticTask = SyntheticTask(),
                               tokens=tokens, behaviour_logprobs=np.zeros(LENGTH, np.float32), loss_mask=mask,
                               turn_boundaries=np.asarray([2, 6], np.int32), reward=1.0, episode_stats={"turns": 2}))
     return out
+
+
+def run_ppo(seed: int, updates: int = 60, episodes: int = 64, stop_at_half: bool = True) -> dict:
+    """PPO from scratch on this task with a tiny `learner.model` policy and critic (CPU is enough).
+
+    Returns {"seed", "initial" (mean reward of the first batch), "final" (mean of the last 3 batches),
+    "updates_to_half" (first update after which the last 3 batches average at least half-way from the initial
+    reward to 1, or None), "history", "wall_s"}.
+    """
+    import time
+
+    from learner import train_step as ts
+    from learner.config import OptimizerConfig, PPOConfig
+    from learner.model import Critic, ModelConfig, Transformer
+
+    t0 = time.perf_counter()
+    mc = ModelConfig.tiny(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                          intermediate_size=64, max_position_embeddings=512)
+    cfg = PPOConfig(minibatch_size=episodes // 2, microbatch_size=episodes // 2, epochs=2, gamma=1.0, lam=1.0,
+                    logits_chunk_size=0)
+    opt = OptimizerConfig(lr=3e-3, warmup_steps=0)
+    policy = ts.create_train_state(Transformer(mc, nnx.Rngs(seed)), opt, cfg)
+    critic = ts.create_train_state(Critic(mc, nnx.Rngs(seed + 100)), opt, cfg)
+    key = jax.random.key(seed)
+    history: list[float] = []
+    reached = None
+    for u in range(updates):
+        key, k_sample, k_update = jax.random.split(key, 3)
+        rollout, reward = sample_rollout(policy, k_sample, episodes)
+        history.append(float(np.mean(reward)))
+        policy, critic, _ = ts.ppo_update(policy, critic, rollout, k_update)
+        target = history[0] + 0.5 * (1.0 - history[0])
+        if reached is None and len(history) >= 3 and np.mean(history[-3:]) >= target:
+            reached = u + 1
+            if stop_at_half:
+                break
+    return {"seed": seed, "initial": history[0], "final": float(np.mean(history[-3:])), "updates_to_half": reached,
+            "history": history, "wall_s": time.perf_counter() - t0}
