@@ -116,7 +116,9 @@ class TaskState:
     def reference_outputs(self, inputs_dev: list) -> Any:
         with torch.no_grad():
             out = self.model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs_dev])
-        return _to_cpu(out)
+        cpu = _to_cpu(out)
+        scrub_device(out)
+        return cpu
 
     def compiled_model(self, mode: str, example: list) -> Any:
         """The torch.compile'd reference (compiled on first use with `example`); None if compilation fails."""
@@ -130,6 +132,17 @@ class TaskState:
             except Exception as e:  # noqa: BLE001 - record and go on without the compile baseline
                 self.compile_error = f"torch.compile failed: {type(e).__name__}: {str(e)[:300]}"
         return self.compiled
+
+
+def scrub_device(v: Any) -> None:
+    """Overwrite device tensors holding reference results before they are freed: should the caching allocator
+    ever hand the memory back to the driver, another process (a candidate) cannot find an expected output in it."""
+    for t in _tensor_list(v):
+        if t.device.type == "cuda" and t.numel():
+            if t.is_floating_point() or t.is_complex():
+                t.fill_(float("nan"))
+            else:
+                t.zero_()
 
 
 def _to_cpu(v: Any) -> Any:
@@ -870,6 +883,7 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
                     ms = loop / calls
                 samples[im].append(ms)
         _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec)
+        scrub_device(ref_outs)
         del sets_dev, ref_outs
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0

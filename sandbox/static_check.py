@@ -22,7 +22,8 @@ EXTENSION_IMPORTS = {"torch.utils.cpp_extension", "torch.utils"}
 FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "globals", "vars", "breakpoint", "open"}
 FORBIDDEN_ATTRS = {"__globals__", "__builtins__", "__subclasses__", "__code__", "__closure__", "__dict__",
                    "__bases__", "__mro__", "__getattribute__", "f_back", "f_globals", "f_locals", "gi_frame",
-                   "modules", "_getframe", "system", "popen", "fork", "execv", "execve", "spawnv", "kill"}
+                   "modules", "_getframe", "system", "popen", "fork", "execv", "execve", "spawnv", "kill",
+                   "launch_counts", "_count", "ctypes", "tb_frame", "_C", "sys"}
 
 
 def allowed_imports(fmt: str) -> set[str]:
