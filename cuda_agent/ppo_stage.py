@@ -38,9 +38,21 @@ def actor_config(driver, stage: str):
     return a
 
 
+def learner_service_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("learner.service") is not None
+
+
 def run(driver, stage: str, st: dict) -> bool:
     """Run one PPO stage; returns whether the policy changed. Raises Interrupted on Ctrl-C (after the learner
-    wrote its checkpoint), RuntimeError when the learner fails for good."""
+    wrote its checkpoint), RuntimeError when the learner fails for good. Without the learner service in the
+    checkout the stage is recorded as not wired and skipped."""
+    if not learner_service_available():
+        st.update(status="not_wired", note="the learner service (learner/service.py) is not in this checkout: "
+                                           "PPO stages cannot run")
+        driver.metrics.log("stage", stage, int(driver.state.get("global_step", 0)), event="not_wired")
+        return False
     from cuda_agent.services import REPO_ROOT, child_env, free_port
     from cuda_agent.supervisor import ProcessSpec, tail
     from cuda_agent.train import Interrupted, JsonlTail, _read_json

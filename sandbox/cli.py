@@ -98,8 +98,11 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the EvalResult(s) as JSON"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML preset for SandboxConfig"),
     overrides: list[str] = typer.Option([], "--set", help="SandboxConfig override key=value (repeatable)"),
+    metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="folder mode: also write the KernelBench "
+                                               "metrics (metrics.json, metrics.md) into this folder"),
 ) -> None:
-    """Evaluate SOLUTION on TASK and print status, reward, speed-ups and timings."""
+    """Evaluate SOLUTION on TASK and print status, reward, speed-ups and timings. Folder mode also prints the
+    KernelBench metrics per level (cuda_agent.kb_metrics, the same function as `cuda-agent eval`)."""
     from cuda_agent.config import ConfigError, load_config
     from sandbox.config import SandboxConfig
     from sandbox.evaluator import Evaluator, check_format, resolve_backend
@@ -140,6 +143,18 @@ def eval_cmd(
         _print_one(results[0])
     else:
         _print_table(results)
+        from rich.console import Console
+
+        from cuda_agent.kb_metrics import (environment, kernelbench_metrics, rich_table, sample_from_eval_result,
+                                           write_report)
+
+        metrics = kernelbench_metrics([sample_from_eval_result(r, t.level) for (t, _, _), r in zip(jobs, results)])
+        env = environment()
+        Console().print(rich_table(metrics, "KernelBench metrics", env))
+        if metrics_out is not None:
+            metrics_out.mkdir(parents=True, exist_ok=True)
+            write_report(metrics, env, metrics_out / "metrics.json", metrics_out / "metrics.md",
+                         {"solutions": str(solution), "tasks": str(task)})
 
 
 # The node service and the fleet stress test live in sandbox/service_cli.py (issue 5).
