@@ -74,7 +74,7 @@ class SandboxConfig:
     shape_variants: bool = True
     """Also verify on other shapes where the task declares shape parameters (each parameter roughly halved and made
     odd, so sizes are not multiples of typical block sizes)."""
-    shape_variant_trials: int = 2
+    shape_variant_trials: int = 1
     """Input sets per shape variant."""
     value_variant: bool = True
     """One more trial with floating-point inputs scaled by a random factor in [2, 4) (value-range shortcuts)."""
@@ -82,6 +82,9 @@ class SandboxConfig:
     """Largest median relative error of a float32 output (sandbox.verify.precision_shortfall); 0 = no check."""
     timed_input_bytes_max: int = 256 * 1024 * 1024
     """Profile: bytes of fresh input sets per repetition (one set per timed call); bounds calls per repetition."""
+    full_checks: float = 1.0
+    """Profile: expected number of repetitions whose timed outputs are checked in full (one call each, chosen after
+    the calls; at least one per evaluation); every timed call is checked at 64 random positions per output."""
     fresh_calls_per_rep_max: int = 16
     """Profile: at most this many timed calls (each on its own fresh input set) per repetition; with per-call timing
     (CUDA events, perf_counter) more calls only add input generation and transfer."""

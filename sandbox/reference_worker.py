@@ -848,6 +848,7 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
     disagreements = 0
     ratios: list[float] = []
     shortfalls: list[float] = []
+    full_done = False
     for r in range(cfg.reps):
         sets = [state.make_inputs(secrets.randbits(62)) for _ in range(calls)]
         sets_dev = [state.to_device(x) for x in sets]
@@ -882,7 +883,9 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
                     disagreements += 1
                     ms = loop / calls
                 samples[im].append(ms)
-        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec)
+        full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
+        full_done = full_done or full
+        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         scrub_device(ref_outs)
         del sets_dev, ref_outs
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
@@ -915,15 +918,15 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
 
 
 def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,
-                 rng: "secrets.SystemRandom", rep: int, prec: dict) -> None:
-    """Check one repetition's timed outputs: every call at random positions (chosen now, after the calls), one
-    call in full. A mismatch is `incorrect` with a `timed_output_mismatch` violation (replayed or cached outputs,
-    work skipped while timed)."""
+                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool) -> None:
+    """Check one repetition's timed outputs: every call at random positions (chosen now, after the calls), and,
+    when full_check, one call in full. A mismatch is `incorrect` with a `timed_output_mismatch` violation
+    (replayed or cached outputs, work skipped while timed)."""
     refs = [[t.detach().cpu() for t in _tensor_list(o)] for o in ref_outs]
     if not refs or not refs[0]:
         return
     positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
-    full = rng.randrange(len(refs))
+    full = rng.randrange(len(refs)) if full_check else -1
     reply = _run(cand, {"op": "sample", "positions": positions, "full": full}, 60.0, "profile check")
     try:
         got = wire.decode_value(reply["samples"], io)
@@ -945,6 +948,8 @@ def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: floa
             if not tr.ok:
                 msg = f"repetition {rep}, timed call {k}, output {j}: {tr.message}"
                 raise StageFailure(Status.INCORRECT, f"profile: {msg}", [Violation("timed_output_mismatch", msg)])
+    if full < 0:
+        return
     tr = compare(_to_cpu(ref_outs[full]), full_out, atol, rtol, full)
     if tr.ok and prec:
         p = precision_shortfall(_to_cpu(ref_outs[full]), full_out, prec)
