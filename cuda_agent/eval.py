@@ -127,7 +127,8 @@ def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], 
     from sandbox.client import SandboxClient
 
     from cuda_agent.config import load_config
-    from cuda_agent.kb_metrics import environment, kernelbench_metrics, sample_from_result_row, write_report
+    from cuda_agent.kb_metrics import (environment, episode_rates, kernelbench_metrics, sample_from_result_row,
+                                       write_report)
 
     if (checkpoint is None) == (openai_url is None):
         raise ValueError("give exactly one policy: a checkpoint folder or an OpenAI-compatible URL")
@@ -192,6 +193,7 @@ def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], 
                                                    "temperature": temperature, "max_turns": max_turns,
                                                    "max_new_tokens": max_new_tokens, "tasks": len(tasks)},
                "per_task": per_task, "wall_s": wall, "episodes_per_s": len(rows) / max(wall, 1e-9),
+               "episode_rates": episode_rates(rows),
                "actor": {k: summary.get(k) for k in ("episodes", "by_status", "episode_crashes", "time")},
                **(extra or {})}
     write_report(metrics, env, out_dir / "metrics.json", out_dir / "metrics.md", payload)

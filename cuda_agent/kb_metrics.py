@@ -163,6 +163,23 @@ def environment() -> dict[str, Any]:
     return info
 
 
+BUILT_STATUSES = ("ok", "incorrect", "runtime_error", "load_error", "timeout")
+"""Sandbox statuses of a solution that got past the compiler (whatever happened next)."""
+
+
+def episode_rates(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Early-learning figures of agent episodes (actor result rows), for policies that do not pass yet:
+    tool_call_rate (episodes with at least one well-formed tool call), solution_rate (the final workspace holds
+    model_new.py) and build_rate (the final solution built: status in BUILT_STATUSES). Each a share of rows."""
+    n = len(rows)
+    if not n:
+        return {"tool_call_rate": 0.0, "solution_rate": 0.0, "build_rate": 0.0}
+    called = sum(1 for r in rows if any(t.get("tool") for t in (r.get("tools") or [])))
+    wrote = sum(1 for r in rows if "model_new.py" in (r.get("files") or {}))
+    built = sum(1 for r in rows if (r.get("final") or {}).get("status") in BUILT_STATUSES)
+    return {"tool_call_rate": called / n, "solution_rate": wrote / n, "build_rate": built / n}
+
+
 def _fmt(v: Any, pct: bool = False) -> str:
     if v is None:
         return "-"

@@ -93,6 +93,14 @@ def plot_series(records: list[dict], out_dir: Path) -> dict[str, Path]:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker + "--", color=color,
                         label=f"evaluation ({'held-out eval split' if split == 'eval' else 'training tasks'})")
+        if name == "pass_rate":
+            for key, color, label in (("solution_rate", "tab:orange", "wrote model_new.py"),
+                                      ("build_rate", "tab:brown", "solution built")):
+                pts = [(r["elapsed_s"] / 60, r.get(key)) for r in evals if r.get("split", "eval") == "eval"
+                       and r.get(key) is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "x:", color=color,
+                            label=f"evaluation, {label}")
         if name == "speedup":
             pts = [(r["elapsed_s"] / 60, r.get("geomean_speedup_compile")) for r in evals
                    if r.get("split", "eval") == "eval" and r.get("geomean_speedup_compile") is not None]
@@ -216,15 +224,22 @@ def build_report(run_dir: str | Path) -> Path:
               "Mean milestone reward (-1 failed, 0 correct, 1 faster than eager, 2 faster than torch.compile too, "
               "3 at least 5% faster than both) and pass rate on the fixed evaluation split, whose tasks have no "
               "demonstrations.", "",
+              "Before a small model passes at all, three earlier figures show what it has learned: the share of "
+              "episodes with a well-formed tool call, whose workspace holds a model_new.py, and whose solution "
+              "built.", "",
               "| point | split | after updates | samples | mean reward | pass rate | > eager | > compile | "
-              "geomean vs eager |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "geomean vs eager | tool call | wrote model_new.py | built |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in points:
         m = p.get("metrics", {}).get("overall", {})
+        er = p.get("episode_rates", {})
         lines.append(f"| {p['tag']} | {p.get('split', 'eval')} | {p.get('updates', '-')} | {m.get('samples', '-')} | "
                      f"{_f(m.get('mean_reward'))} | {_pct(m.get('pass_rate'))} | {_pct(m.get('faster_than_eager'))} | "
-                     f"{_pct(m.get('faster_than_compile'))} | {_f(m.get('geomean_speedup_eager'))} |")
+                     f"{_pct(m.get('faster_than_compile'))} | {_f(m.get('geomean_speedup_eager'))} | "
+                     f"{_pct(er.get('tool_call_rate'))} | {_pct(er.get('solution_rate'))} | "
+                     f"{_pct(er.get('build_rate'))} |")
     if not points:
-        lines.append("| (no evaluation ran) | | | | | | | | |")
+        lines.append("| (no evaluation ran) | | | | | | | | | | | |")
     lines.append("")
     last_eval = [p for p in points if p.get("split", "eval") == "eval" and p.get("metrics")]
     if last_eval:

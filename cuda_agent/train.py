@@ -519,23 +519,12 @@ class TrainDriver:
         m = payload["metrics"]["overall"]
         self.metrics.log("eval", h["stage"], h["updates"], tag=full_tag, split=h["split"],
                          **{k: v for k, v in m.items() if not isinstance(v, dict)},
-                         build_rate=_build_rate(m.get("status_counts", {}), m.get("samples", 0)),
-                         episodes_per_s=payload.get("episodes_per_s"))
+                         **payload.get("episode_rates", {}), episodes_per_s=payload.get("episodes_per_s"))
         done.append(full_tag)
         self._save_state()
         self._bar_update(h["bar"], stats=f"reward {m.get('mean_reward', 0):+.2f}  pass {m.get('pass_rate', 0):.0%}  "
                                          f"{payload.get('episodes_per_s', 0):.2f} episodes/s", done=True)
         return payload
-
-
-BUILT_STATUSES = ("ok", "incorrect", "runtime_error", "load_error", "timeout")
-
-
-def _build_rate(status_counts: dict, samples: int) -> float | None:
-    """Share of samples whose solution built (it got past the compiler, whatever happened next)."""
-    if not samples:
-        return None
-    return sum(v for k, v in status_counts.items() if k in BUILT_STATUSES) / samples
 
 
 def _read_json(path: Path) -> dict:

@@ -1,0 +1,160 @@
+"""Benchmarks of the main job (`cuda-agent train`), results recorded in benchmarks/RESULTS.md.
+
+    python benchmarks/train_bench.py sft   [--preset local]          # warm-start step throughput of the preset's model
+    python benchmarks/train_bench.py runs  [--preset local] [--seeds 0,1,2] [--out runs/bench]
+                                                                     # whole runs: wall time, eval after each stage
+
+`sft` builds the preset's model and demonstrations exactly as the stage worker does and times a few optimiser
+steps (wall and process CPU time: on a shared machine the CPU seconds say what an idle one would take).
+`runs` runs `cuda-agent train --preset P seed=S` once per seed, one after the other, and prints per seed the total
+wall time, each stage's duration, and the mean milestone reward / pass rate / build rate of every evaluation on
+the held-out split (and on the training probe), then the mean over seeds: the measurement the issue asks for
+("learning is visible ... over 3 seeds").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def bench_sft(preset: str, steps: int) -> None:
+    import jax
+    import numpy as np
+
+    from cuda_agent.config import load_config
+    from cuda_agent.corpus import train_and_eval_tasks
+    from cuda_agent.prepare import prepare_model
+    from cuda_agent.stage_worker import _micro, _row_len, demo_sequences
+    from cuda_agent.train_config import TrainConfig
+    from learner.batch import pack_trajectories
+    from learner.chat import ChatFormat
+    from learner.config import OptimizerConfig, PPOConfig
+    from learner.hf_checkpoint import load_pretrained
+    from learner.tokenizer import Tokenizer
+    from learner.train_step import SequenceBatch, create_train_state, sft_train_step
+
+    cfg = load_config(TrainConfig, REPO / "configs" / f"{preset}.yaml")
+    tr, ev = train_and_eval_tasks(cfg.tasks.train, cfg.tasks.eval, "cpu")
+    folder = Path("/tmp") / f"train_bench_model_{preset}"
+    info = prepare_model(folder, cfg.model, cfg.tokenizer, tr, ev, "cpu", 0, cfg.actor.agent.skill)
+    tok = Tokenizer.from_file(folder)
+    seqs, dinfo = demo_sequences(cfg, ChatFormat(tok), tr, "cpu")
+    ws = cfg.stages.warm_start
+    row_len = _row_len(seqs, ws.max_seq_len)
+    batch, _ = pack_trajectories(seqs, row_len, rows_multiple=ws.batch_rows)
+    micro = 2 if ws.batch_rows % 2 == 0 else 1
+    state = create_train_state(load_pretrained(folder), OptimizerConfig(lr=ws.lr, warmup_steps=1, decay_steps=100),
+                               PPOConfig(minibatch_size=ws.batch_rows, microbatch_size=micro, logits_chunk_size=512))
+    seq = SequenceBatch(batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask)
+    idx = np.arange(ws.batch_rows)
+    mb = _micro(seq, idx, micro)
+    tokens = int(np.count_nonzero(batch.segment_ids[idx]))
+    w0, c0 = time.perf_counter(), time.process_time()
+    state, m = sft_train_step(state, mb)
+    jax.block_until_ready(m)
+    compile_wall, compile_cpu = time.perf_counter() - w0, time.process_time() - c0
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        state, m = sft_train_step(state, mb)
+    jax.block_until_ready(m)
+    wall, cpu = (time.perf_counter() - w0) / steps, (time.process_time() - c0) / steps
+    epoch_tokens = int(np.count_nonzero(batch.segment_ids))
+    print(f"preset {preset}: model {info.get('params')} params, vocab {info.get('vocab_size')}; "
+          f"{dinfo['demos/sequences']} demonstration sequences ({dinfo['demos/too_long']} too long) in "
+          f"{batch.num_rows} rows of {row_len} tokens; {epoch_tokens} tokens per epoch")
+    print("| figure | value |\n| --- | --- |")
+    print(f"| first step (compile + run), wall / CPU s | {compile_wall:.1f} / {compile_cpu:.1f} |")
+    print(f"| step of {ws.batch_rows} rows ({tokens} tokens), wall / CPU s | {wall:.2f} / {cpu:.2f} |")
+    print(f"| tokens/s, wall / per CPU-second | {tokens / wall:,.0f} / {tokens / cpu:,.0f} |")
+    print(f"| steps per epoch | {batch.num_rows // ws.batch_rows} |")
+    print(f"| load average (1 min) | {os.getloadavg()[0]:.1f} |")
+
+
+def _eval_rows(run: Path) -> list[dict]:
+    rows = []
+    for p in sorted((run / "eval").glob("*.json")):
+        d = json.loads(p.read_text())
+        m = d["metrics"]["overall"]
+        sc = m.get("status_counts", {})
+        built = sum(v for k, v in sc.items() if k in ("ok", "incorrect", "runtime_error", "load_error", "timeout"))
+        rows.append({"tag": d["tag"], "split": d.get("split", "eval"), "order": d.get("order", 0),
+                     "mean_reward": m["mean_reward"], "pass_rate": m["pass_rate"],
+                     "build_rate": built / max(m["samples"], 1), "samples": m["samples"]})
+    return sorted(rows, key=lambda r: r["order"])
+
+
+def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in seeds:
+        run = out / f"{preset}-seed{seed}"
+        if (run / "state.json").exists() and json.loads((run / "state.json").read_text()).get("status") == "finished":
+            print(f"seed {seed}: reusing finished run {run}")
+        else:
+            t0 = time.monotonic()
+            args = ([sys.executable, "-m", "cuda_agent.cli", "train", "--quiet", "--resume", str(run)]
+                    if (run / "config.yaml").exists() else
+                    [sys.executable, "-m", "cuda_agent.cli", "train", "--quiet", "--preset", preset, "--run-dir",
+                     str(run), f"seed={seed}", *extra])
+            with open(out / f"{preset}-seed{seed}.log", "a") as log:
+                rc = subprocess.call(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            print(f"seed {seed}: exit {rc} after {time.monotonic() - t0:.0f} s (log {log.name})")
+        state = json.loads((run / "state.json").read_text())
+        results.append({"seed": seed, "status": state.get("status"), "elapsed_s": state.get("elapsed_s"),
+                        "stages": {k: v.get("duration_s") for k, v in state.get("stages", {}).items()},
+                        "evals": _eval_rows(run)})
+    print("\n| seed | status | wall (min) | " + " | ".join(
+        f"{s} (s)" for s in results[0]["stages"]) + " |")
+    print("|" + " --- |" * (3 + len(results[0]["stages"])))
+    for r in results:
+        print(f"| {r['seed']} | {r['status']} | {(r['elapsed_s'] or 0) / 60:.1f} | " + " | ".join(
+            "-" if v is None else f"{v:.0f}" for v in r["stages"].values()) + " |")
+    tags = [e["tag"] for e in results[0]["evals"]]
+    print("\n| evaluation | split | " + " | ".join(f"seed {r['seed']} reward / pass / built" for r in results)
+          + " | mean reward | mean pass rate | mean build rate |")
+    print("|" + " --- |" * (5 + len(results)))
+    for tag in tags:
+        cells, rw, pr, br = [], [], [], []
+        split = "eval"
+        for r in results:
+            e = next((x for x in r["evals"] if x["tag"] == tag), None)
+            if e is None:
+                cells.append("-")
+                continue
+            split = e["split"]
+            cells.append(f"{e['mean_reward']:+.2f} / {e['pass_rate']:.0%} / {e['build_rate']:.0%}")
+            rw.append(e["mean_reward"])
+            pr.append(e["pass_rate"])
+            br.append(e["build_rate"])
+        mean = (lambda xs: sum(xs) / len(xs) if xs else float("nan"))
+        print(f"| {tag} | {split} | " + " | ".join(cells) +
+              f" | {mean(rw):+.3f} | {mean(pr):.1%} | {mean(br):.1%} |")
+    (out / f"{preset}-summary.json").write_text(json.dumps(results, indent=2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("sft", "runs"))
+    p.add_argument("--preset", default="local")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("overrides", nargs="*", help="key=value overrides for `runs`")
+    a = p.parse_args()
+    if a.what == "sft":
+        bench_sft(a.preset, a.steps)
+    else:
+        bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides)
+
+
+if __name__ == "__main__":
+    main()
