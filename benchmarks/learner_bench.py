@@ -14,6 +14,11 @@ Sections
            train (6Pc + 6A), where P (Pc) are the matmul parameters of the policy (critic; no vocabulary
            head) and A = layers x seq x heads x head_dim (causal attention); rematerialised recompute is not
            counted. First call (compile) reported apart.
+  xaccel_save / xaccel_restore   across accelerators: `xaccel_save` (on the GPU) trains a tiny policy and
+           critic for 2 PPO updates on the synthetic task, writes an Orbax checkpoint plus the parameters
+           (npz) and the metrics of update 3 to OUT/xaccel; `xaccel_restore --from DIR` (on another machine,
+           e.g. this CPU box) restores that folder, checks the parameters bit for bit, runs update 3 and
+           compares its metrics, then keeps training for 5 more updates.
   publish  weights of the same model published after an "update" to 4 actor processes on this host
            (learner.publish.AsyncWeightPublisher -> protocol WeightsPublisher -> WeightsFetcher): per version,
            the time the training loop was blocked and the time from the end of the update until all 4 actors
@@ -248,6 +253,101 @@ def bench_publish(smoke: bool, versions: int, dtype: str | None) -> dict:
     return {"versions": rows, "bytes": total_bytes, "dtype": dtype or "float32", "actors": 4}
 
 
+# ------------------------------------------------------------------------------------------------ xaccel
+
+XACCEL_PPO = dict(minibatch_size=32, microbatch_size=32, epochs=2, gamma=1.0, lam=1.0, logits_chunk_size=0)
+
+
+def _xaccel_states(seed: int = 0):
+    from flax import nnx
+
+    from learner.config import OptimizerConfig, PPOConfig
+    from learner.model import Critic, ModelConfig, Transformer
+    from learner.train_step import create_train_state
+
+    mc = ModelConfig.tiny(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                          intermediate_size=64, max_position_embeddings=512)
+    opt = OptimizerConfig(lr=3e-3, warmup_steps=0)
+    ppo = PPOConfig(**XACCEL_PPO)
+    return (lambda: Transformer(mc, nnx.Rngs(seed)), lambda: Critic(mc, nnx.Rngs(seed + 100)), opt, ppo,
+            create_train_state(Transformer(mc, nnx.Rngs(seed)), opt, ppo),
+            create_train_state(Critic(mc, nnx.Rngs(seed + 100)), opt, ppo))
+
+
+def _flat(tree) -> dict:
+    import jax
+    import numpy as np
+
+    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def bench_xaccel_save(out: Path) -> dict:
+    import jax
+    import numpy as np
+
+    from learner import synthetic
+    from learner.checkpoint import LearnerCheckpointer, LearnerMeta
+    from learner.train_step import ppo_update
+
+    d = out / "xaccel"
+    _, _, _, _, policy, critic = _xaccel_states()
+    key = jax.random.key(0)
+    for _ in range(2):
+        key, k1, k2 = jax.random.split(key, 3)
+        rollout, _ = synthetic.sample_rollout(policy, k1, 64)
+        policy, critic, _ = ppo_update(policy, critic, rollout, k2)
+    ck = LearnerCheckpointer(d / "ckpt")
+    ck.save(2, policy=policy, critic=critic, meta=LearnerMeta(update=2, policy_version=2, rng_key=LearnerMeta.key_data(key)))
+    ck.close()
+    np.savez(d / "params.npz", **_flat({"p": policy.params, "c": critic.params, "o": policy.opt_state}))
+    key, k1, k2 = jax.random.split(key, 3)
+    rollout, _ = synthetic.sample_rollout(policy, k1, 64)
+    np.savez(d / "rollout3.npz", **_flat(rollout))
+    _, _, m = ppo_update(policy, critic, rollout, k2)
+    res = {"device": str(jax.devices()[0].device_kind), "metrics_update3": m}
+    (d / "saved.json").write_text(json.dumps(res))
+    return res
+
+
+def bench_xaccel_restore(src: Path) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from learner import sharding, synthetic
+    from learner.checkpoint import LearnerCheckpointer, restore_target
+    from learner.config import MeshConfig
+    from learner.train_step import RolloutBatch, SequenceBatch, ppo_update
+
+    d = src / "xaccel" if (src / "xaccel").is_dir() else src
+    saved = json.loads((d / "saved.json").read_text())
+    make_p, make_c, opt, ppo, _, _ = _xaccel_states()
+    mesh = sharding.make_mesh(MeshConfig())
+    policy, critic, _, meta = LearnerCheckpointer(d / "ckpt").restore(
+        policy=restore_target(make_p, opt, ppo, mesh), critic=restore_target(make_c, opt, ppo, mesh))
+    want = np.load(d / "params.npz")
+    got = _flat({"p": policy.params, "c": critic.params, "o": policy.opt_state})
+    bit_exact = all(np.array_equal(want[k], got[k]) for k in want.files) and set(want.files) == set(got)
+    r = np.load(d / "rollout3.npz")
+    arr = {k: jnp.asarray(v) for k, v in r.items()}
+    seq = SequenceBatch(*(arr[f".seq.{f}"] for f in ("tokens", "positions", "segment_ids", "loss_mask")))
+    rollout = RolloutBatch(seq, arr[".behaviour_logprobs"], arr[".rewards"])
+    key, k1, k2 = jax.random.split(meta.key(), 3)
+    policy, critic, m = ppo_update(policy, critic, rollout, k2)
+    cmp = {k: (saved["metrics_update3"][k], m[k]) for k in ("ppo/policy_loss", "critic/value_loss", "ppo/grad_norm",
+                                                              "ppo/entropy", "ppo/approx_kl")}
+    rewards = []
+    for _ in range(5):
+        key, k1, k2 = jax.random.split(key, 3)
+        rollout, reward = synthetic.sample_rollout(policy, k1, 64)
+        rewards.append(float(np.mean(reward)))
+        policy, critic, _ = ppo_update(policy, critic, rollout, k2)
+    res = {"saved_on": saved["device"], "restored_on": str(jax.devices()[0].device_kind), "params_bit_exact": bit_exact,
+           "update3_saved_vs_restored": cmp, "rewards_after": rewards, "meta_update": meta.update}
+    print(f"xaccel: {json.dumps(res)}", flush=True)
+    return res
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -285,6 +385,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--publish-dtype", default="bfloat16")
+    ap.add_argument("--from", dest="src", default=None, help="xaccel_restore: the OUT folder of an xaccel_save run")
     ap.add_argument("--actor", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--last-version", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -301,6 +402,10 @@ def main() -> None:
         res["update"] = bench_update(args.smoke, args.reps)
     if "publish" in sections:
         res["publish"] = bench_publish(args.smoke, args.versions, args.publish_dtype or None)
+    if "xaccel_save" in sections:
+        res["xaccel_save"] = bench_xaccel_save(out)
+    if "xaccel_restore" in sections:
+        res["xaccel_restore"] = bench_xaccel_restore(Path(args.src or out))
     (out / "learner_bench.json").write_text(json.dumps(res, indent=2))
     print(table(res))
 
