@@ -42,7 +42,10 @@ class PPOConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the policy loss)."""
     kl_coef: float = 0.0
-    """Weight of the KL penalty to the frozen reference policy (added to the policy loss); 0 = no reference."""
+    """Weight of the KL penalty to the frozen reference policy (added to the policy loss); 0 = no reference.
+    Cost when on: the learner keeps a copy of the initial policy parameters on the devices (4 bytes per
+    parameter in float32: 2 GB for a 0.5B model, 30 GB for 7B; sharded like the policy) and runs one extra
+    forward pass over each update batch for the reference logprobs; the copy is also checkpointed."""
     kl_estimator: str = "k3"
     """KL estimator per token, with r = pi_ref / pi_theta: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r."""
     decoupled: bool = True
@@ -196,7 +199,9 @@ class LearnerConfig:
     max_seq_len: int = 8192
     """Row length of update batches in tokens; longer trajectories are refused (counted) by the batch builder."""
     pack_sequences: bool = True
-    """Pack several trajectories into one row (segment ids) instead of one trajectory per padded row."""
+    """Pack several trajectories into one row (segment ids) instead of one trajectory per padded row.
+    (Rematerialisation for long trajectories is the model's setting: `learner.model.ModelConfig.remat`; the
+    output head is chunked by `ppo.logits_chunk_size`.)"""
     batch_trajectories: int = 64
     """Trajectories per PPO update."""
     buffer_capacity: int = 1024

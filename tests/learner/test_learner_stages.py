@@ -92,3 +92,19 @@ def test_metrics_jsonl_and_tensorboard(tmp_path):
     off = MetricsLogger(tmp_path / "off", enabled=False)
     off.log(1, {"x": 1.0})
     assert not (tmp_path / "off").exists()
+
+
+def test_learner_preset_loads_and_overrides():
+    from pathlib import Path
+
+    from cuda_agent.config import ConfigError, load_config
+    from learner.config import LearnerConfig
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "learner.yaml"
+    cfg = load_config(LearnerConfig, preset, ["ppo.minibatch_size=32", "mesh.fsdp=8"])
+    assert cfg.ppo.minibatch_size == 32 and cfg.ppo.grad_accum_steps == 32 and cfg.mesh.fsdp == 8
+    assert cfg.max_seq_len == 8192 and cfg.ppo.dual_clip_c == 3.0
+    with pytest.raises(ValueError, match="multiple of microbatch_size"):
+        load_config(LearnerConfig, preset, ["ppo.microbatch_size=3"])
+    with pytest.raises(ConfigError):
+        load_config(LearnerConfig, preset, ["ppo.no_such_field=1"])

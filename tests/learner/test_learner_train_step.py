@@ -43,9 +43,10 @@ def test_first_minibatch_ratio_is_exactly_one_at_lr_zero():
     assert float(m["ppo/approx_kl"]) == 0.0 and float(m["ppo/clip_frac"]) == 0.0
     assert float(m["ppo/grad_norm"]) > 0  # there is a gradient; lr 0 keeps the parameters
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new.params, policy.params))
-    # through the driver: every minibatch of every epoch keeps ratio 1 when nothing moves
-    _, _, metrics = ts.ppo_update(policy, critic, ro, jax.random.key(0))
-    assert metrics["ppo/ratio_dev_max"] == 0.0
+    # through the driver: every minibatch of every epoch keeps ratio 1 when nothing moves; with the frozen
+    # reference equal to the policy, the KL term is exactly 0 too
+    _, _, metrics = ts.ppo_update(policy, critic, ro, jax.random.key(0), ref_params=policy.params)
+    assert metrics["ppo/ratio_dev_max"] == 0.0 and metrics["ppo/kl_ref"] == 0.0
     assert metrics["ppo/behaviour_weight_mean"] != 1.0  # the behaviour logprobs differ: w != 1
 
 
