@@ -28,7 +28,8 @@ values, rewards and TD errors are ignored and their advantages / returns are 0 (
 This is the rule of verl's `compute_gae_advantage_return` (verl/trainer/ppo/core_algos.py, "skip values and
 TD-error on observation tokens"), written here as a linear recurrence solved with an associative scan, with
 resets at packed-segment boundaries. Rewards are read on policy tokens only: the milestone reward of an
-episode sits on its last policy token (`learner.batch`).
+episode sits on its last policy token (`learner.batch`). The last policy token of a trajectory is terminal
+(next value 0), also for an episode cut by the turn or context limit: its milestone reward is final either way.
 
 Decoupled PPO (asynchronous rollouts; AReaL, Fu et al. 2025, arXiv 2505.24298, Section 5)
 ------------------------------------------------------------------------------------------
