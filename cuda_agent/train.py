@@ -363,7 +363,7 @@ class TrainDriver:
         self.metrics.log("stage", stage, int(self.state.get("global_step", 0)), event="end",
                          duration_s=st["duration_s"], status=st["status"])
         self._save_state()
-        if changed:
+        if changed and self.cfg.eval.after_stages:
             self._evaluate(f"after_{stage}", self.state["policy"])
             if self.cfg.eval.on_train_tasks and (self.run_dir / "tasks" / "train_probe.jsonl").exists():
                 self._evaluate(f"after_{stage}", self.state["policy"], split="train")

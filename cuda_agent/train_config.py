@@ -182,6 +182,8 @@ class EvalSpec:
     """Also evaluate every N PPO updates inside stages 1 and 4 (0 = only at stage ends)."""
     initial: bool = False
     """Also evaluate the initial policy before stage 0 (a from-scratch model scores -1 everywhere)."""
+    after_stages: bool = True
+    """Evaluate after stage 0 and after each later stage that changes the policy."""
     samples_per_task: int = 1
     mode: str = "single_turn"
     """How evaluation episodes run: "single_turn" (one reply holds the solution) or "multi_turn"."""
