@@ -112,7 +112,8 @@ def demo_messages(task: Task, files: dict[str, str], fmt: str, mode: str, max_tu
     parts += [format_tool_call("write_file", {"path": p, "content": files[p]}) for p in order]
     if mode == "multi_turn":
         parts.append(format_tool_call("finish", {}))
-    return [Message("system", system_prompt(fmt, mode, max_turns, skill)), Message("user", task_prompt(task, fmt, mode)),
+    return [Message("system", system_prompt(fmt, mode, max_turns, skill)),
+            Message("user", task_prompt(task, fmt, mode)),
             Message("assistant", "\n".join(parts))]
 
 

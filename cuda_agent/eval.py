@@ -207,7 +207,8 @@ def eval_cmd(
     openai_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL, e.g. http://host:8000/v1."),
     openai_model: Optional[str] = typer.Option(None, help="Model name at that endpoint."),
     api_key_env: Optional[str] = typer.Option(None, help="Environment variable that holds the endpoint's API key."),
-    tasks: str = typer.Option("auto_eval", help="Built-in split, 'builtin', a KernelBench folder, .jsonl or .py folder."),
+    tasks: str = typer.Option("auto_eval", help="Built-in split, 'builtin', a KernelBench folder, .jsonl or .py "
+                                                "folder."),
     level: Optional[int] = typer.Option(None, help="Only tasks of this KernelBench level."),
     max_tasks: int = typer.Option(0, help="At most this many tasks (0 = all)."),
     samples: int = typer.Option(1, help="Episodes per task."),

@@ -156,7 +156,8 @@ def environment() -> dict[str, Any]:
 
         info["torch"] = torch.__version__
         info["cuda"] = torch.version.cuda
-        info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
+        info["device"] = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                          else f"cpu ({platform.processor() or platform.machine()})")
     except Exception as e:  # noqa: BLE001 - the report still says what is missing
         info["torch"] = f"unavailable ({type(e).__name__})"
         info["device"] = "unknown"
@@ -240,7 +241,8 @@ def rich_table(metrics: Mapping[str, Any], title: str = "KernelBench metrics", e
     return t
 
 
-def write_report(metrics: Mapping[str, Any], env: Mapping[str, Any], json_path, md_path, extra: Mapping | None = None) -> None:
+def write_report(metrics: Mapping[str, Any], env: Mapping[str, Any], json_path, md_path,
+                 extra: Mapping | None = None) -> None:
     """Write the metrics as JSON ({"metrics", "environment", **extra}) and as a markdown table."""
     from pathlib import Path
 

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
                         time_budget_s=spec.time_budget_s)
     policy_model = load_pretrained(args.init)
     critic_dir = Path(args.init) / "critic"
-    critic_model = load_critic(critic_dir) if (critic_dir / "config.json").exists() else Critic.from_policy(policy_model)
+    critic_model = (load_critic(critic_dir) if (critic_dir / "config.json").exists()
+                    else Critic.from_policy(policy_model))
 
     samples_md = run_dir / "trajectories" / f"{stage}.md"
     counts = {"episodes": 0, "passed": 0, "rendered": 0}

@@ -145,7 +145,8 @@ def run(driver, stage: str, st: dict) -> bool:
             driver._eval_wait(pending_eval)
     for rec in tailer.read():
         last = max(last, int(rec.get("step", 0)))
-        driver.metrics.log("train", stage, base + last, **{k: v for k, v in rec.items() if k not in ("step", "time", "export")})
+        driver.metrics.log("train", stage, base + last,
+                           **{k: v for k, v in rec.items() if k not in ("step", "time", "export")})
     rc = learner.returncode
     if rc == 3:
         raise Interrupted()

@@ -209,7 +209,8 @@ def build_report(run_dir: str | Path) -> Path:
     lines.append(f"- preset: `{state.get('preset', '?')}`; device: {env.get('device', '?')}; torch "
                  f"{env.get('torch', '?')}; run status: **{state.get('status', '?')}**")
     total = max((r["elapsed_s"] for r in records), default=0.0)
-    lines.append(f"- elapsed: {total / 60:.1f} min; config: `config.yaml`; metrics: `metrics.jsonl`, TensorBoard: `tb/`")
+    lines.append(f"- elapsed: {total / 60:.1f} min; config: `config.yaml`; metrics: `metrics.jsonl`, "
+                 "TensorBoard: `tb/`")
     lines.append("")
 
     # stages
@@ -296,7 +297,8 @@ def build_report(run_dir: str | Path) -> Path:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_text(text)
         fin = row.get("final") or {}
-        lines.append(f"### {i + 1}. {row['task_id']}: reward {row['reward']:+g} ({fin.get('status', row.get('status'))}),"
+        lines.append(f"### {i + 1}. {row['task_id']}: reward {row['reward']:+g} "
+                     f"({fin.get('status', row.get('status'))}),"
                      f" speed-up vs eager {_f(fin.get('speedup_eager'), 2)}, vs torch.compile "
                      f"{_f(fin.get('speedup_compile'), 2)} ({tag})")
         lines.append("")

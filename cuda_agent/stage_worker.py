@@ -212,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
             n_tok = int(np.count_nonzero(batch.segment_ids[idx]))
             tokens_done += n_tok
             step += 1
-            m.update({f"{stage}/step_s": time.monotonic() - ts, f"{stage}/tokens_per_s": n_tok / (time.monotonic() - ts),
+            dt = time.monotonic() - ts
+            m.update({f"{stage}/step_s": dt, f"{stage}/tokens_per_s": n_tok / dt,
                       f"{stage}/elapsed_s": time.monotonic() - t_start, f"{stage}/steps_total": spec.steps})
             metrics.log(step, m)
             if args.checkpoint_every and step % args.checkpoint_every == 0:

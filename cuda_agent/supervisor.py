@@ -192,7 +192,8 @@ class Supervisor:
                 raise RuntimeError(f"{name} {mp.state} before it was ready (exit {mp.returncode}); see {mp.log_path}:\n"
                                    + tail(mp.log_path))
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} not ready after {timeout_s:.0f} s; see {mp.log_path}:\n" + tail(mp.log_path))
+                raise TimeoutError(f"{name} not ready after {timeout_s:.0f} s; see {mp.log_path}:\n"
+                                   + tail(mp.log_path))
             time.sleep(0.1)
 
     def ready_info(self, name: str) -> dict:
@@ -288,7 +289,8 @@ class Supervisor:
             mp.stop_requested = True
             if mp.state == "restarting":
                 mp.state = "stopped"
-                self._emit(Event(time.time(), name, "stopped", restarts=mp.restarts, message="stopped while waiting to restart"))
+                self._emit(Event(time.time(), name, "stopped", restarts=mp.restarts,
+                                 message="stopped while waiting to restart"))
                 return mp.returncode
             proc = mp.proc
         if proc is None:

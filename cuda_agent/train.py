@@ -111,7 +111,8 @@ class TrainDriver:
         self.fmt = cfg.tasks.format if cfg.tasks.format != "auto" else ("cubin" if self.device == "cuda" else "cpu")
         self.stop = threading.Event()
         self.state: dict[str, Any] = run.read_state()
-        self.metrics = MetricsLog(run.metrics_path, run / "tb", elapsed_offset_s=float(self.state.get("elapsed_s", 0.0)))
+        self.metrics = MetricsLog(run.metrics_path, run / "tb",
+                                  elapsed_offset_s=float(self.state.get("elapsed_s", 0.0)))
         self.sup = None
         self.sandbox_endpoint = ""
         self.progress = None
@@ -413,7 +414,8 @@ class TrainDriver:
             time.sleep(0.5)
         for rec in tail.read():
             last_step = max(last_step, int(rec.get("step", 0)))
-            self.metrics.log("train", stage, base + last_step, **{k: v for k, v in rec.items() if k not in ("step", "time")})
+            self.metrics.log("train", stage, base + last_step,
+                             **{k: v for k, v in rec.items() if k not in ("step", "time")})
         rc = mp.returncode
         if rc == 4:  # nothing to train on
             res = _read_json(self.run_dir.learner_dir(stage) / "result.json")
@@ -505,7 +507,8 @@ class TrainDriver:
         if not payload.get("metrics"):
             from cuda_agent.supervisor import tail as log_tail
 
-            console.print(f"[yellow]evaluation {full_tag} gave no metrics (exit {mp.returncode}); see {mp.log_path}[/yellow]")
+            console.print(f"[yellow]evaluation {full_tag} gave no metrics (exit {mp.returncode}); "
+                          f"see {mp.log_path}[/yellow]")
             log.warning("evaluation %s failed:\n%s", full_tag, log_tail(mp.log_path, 15))
             self._bar_update(h["bar"], stats="failed", done=True)
             return None

@@ -86,7 +86,8 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
         assert stages[s]["status"] == "done", stages[s]
     recs = _records(run)
     # the node was restarted and the run went on
-    restarts = [r for r in recs if r["kind"] == "event" and r.get("name") == "sandbox" and r.get("state") == "restarting"]
+    restarts = [r for r in recs
+                if r["kind"] == "event" and r.get("name") == "sandbox" and r.get("state") == "restarting"]
     assert restarts, "no restart of the sandbox node was recorded"
     # learning figures: SFT loss, PPO updates with rollout statistics, evaluations after each policy change
     assert any("sft/nll" in r for r in recs if r["kind"] == "train" and r["stage"] == "warm_start")
