@@ -3,6 +3,7 @@
     python benchmarks/train_bench.py sft   [--preset local]          # warm-start step throughput of the preset's model
     python benchmarks/train_bench.py runs  [--preset local] [--seeds 0,1,2] [--out runs/bench]
                                                                      # whole runs: wall time, eval after each stage
+    python benchmarks/train_bench.py baseline-cache                  # torch.compile baseline: fresh vs cached
 
 `sft` builds the preset's model and demonstrations exactly as the stage worker does and times a few optimiser
 steps (wall and process CPU time: on a shared machine the CPU seconds say what an idle one would take).
@@ -79,6 +80,48 @@ def bench_sft(preset: str, steps: int) -> None:
     print(f"| load average (1 min) | {os.getloadavg()[0]:.1f} |")
 
 
+_CACHE_CHILD = """
+import json, sys, time
+from pathlib import Path
+from sandbox.config import SandboxConfig
+from sandbox.evaluator import Evaluator
+from sandbox.files import load_solution, load_task
+task = load_task(Path(sys.argv[1])); files = load_solution(Path(sys.argv[2]))
+t0 = time.perf_counter()
+with Evaluator(SandboxConfig(backend="cpu", use_compile=True)) as ev:
+    r1 = ev.evaluate(task, files, "cpu")
+    t1 = time.perf_counter()
+    r2 = ev.evaluate(task, files, "cpu")
+    t2 = time.perf_counter()
+print(json.dumps({"status": r1.status, "first_s": t1 - t0, "second_s": t2 - t1,
+                  "first_profile_ms": r1.stage_ms.get("profile"), "second_profile_ms": r2.stage_ms.get("profile"),
+                  "compile_ms": r1.timing.compiled.median_ms if r1.timing and r1.timing.compiled else None}))
+"""
+
+
+def bench_baseline_cache() -> None:
+    """What keeping baselines costs: evaluations of one correct solution with the torch.compile baseline, in a
+    fresh process with an empty inductor cache, then in a second process on the filled cache (what a later run
+    or a restarted sandbox node pays), each evaluating twice (the second reuses the worker's compiled graph, as
+    every later episode of a run does)."""
+    import tempfile
+
+    corpus = REPO / "tests" / "data" / "corpus" / "cumsum"
+    cache = Path(tempfile.mkdtemp(prefix="inductor-bench-"))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    rows = []
+    for label in ("empty inductor cache", "inductor cache from the first process"):
+        out = subprocess.run([sys.executable, "-c", _CACHE_CHILD, str(corpus), str(corpus / "cpu" / "fast")],
+                             cwd=REPO, env=env, capture_output=True, text=True, check=True)
+        rows.append((label, json.loads(out.stdout.strip().splitlines()[-1])))
+    print("| process | first evaluation (s) | its profile stage (ms) | second evaluation (s) | its profile "
+          "stage (ms) |\n| --- | --- | --- | --- | --- |")
+    for label, r in rows:
+        print(f"| {label} | {r['first_s']:.1f} | {r['first_profile_ms']:.0f} | {r['second_s']:.1f} | "
+              f"{r['second_profile_ms']:.0f} |")
+    print(f"load average (1 min) {os.getloadavg()[0]:.1f}; status {rows[0][1]['status']}")
+
+
 def _eval_rows(run: Path) -> list[dict]:
     rows = []
     for p in sorted((run / "eval").glob("*.json")):
@@ -143,7 +186,7 @@ def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str]) -> No
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("sft", "runs"))
+    p.add_argument("what", choices=("sft", "runs", "baseline-cache"))
     p.add_argument("--preset", default="local")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seeds", default="0,1,2")
@@ -152,6 +195,8 @@ def main() -> None:
     a = p.parse_args()
     if a.what == "sft":
         bench_sft(a.preset, a.steps)
+    elif a.what == "baseline-cache":
+        bench_baseline_cache()
     else:
         bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides)
 
