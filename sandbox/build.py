@@ -34,7 +34,7 @@ from sandbox.config import SandboxConfig
 from sandbox.jail import JailSpec, command_prefix, default_expose
 from sandbox.result import Violation
 from sandbox.signature import SignatureError, parse_entry_points
-from sandbox.static_check import check_symbols
+from sandbox.static_check import check_instructions, check_symbols
 from sandbox.workspace import Workspace
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -273,7 +273,8 @@ def build(ws: Workspace, fmt: str, cfg: SandboxConfig, jail: JailSpec | None, ar
         rec = _build_extension(runner, ws, cfg, files, arch, key)
     rec["log"] = truncate_log(rec["log"], ws.path, limit)
     if rec["ok"] and fmt == "cpu":
-        viol = check_symbols(str(ws.build_dir / rec["artifacts"][0]["file"]), cfg.allow_blas)
+        so = str(ws.build_dir / rec["artifacts"][0]["file"])
+        viol = check_symbols(so, cfg.allow_blas) or check_instructions(so)
         if viol:
             rec.update(ok=False, status="forbidden", violations=[v.to_dict() for v in viol])
     if rec["status"] != "timeout":

@@ -102,6 +102,9 @@ class Worker:
             "ComputeGuard.__enter__": (guard_mod.TorchDispatchMode, "__enter__"),
             "ComputeGuard.__exit__": (guard_mod.TorchDispatchMode, "__exit__"),
             "sandbox.guard.ComputeGuard": (guard_mod, "ComputeGuard"), "sandbox.guard.poison_": (guard_mod, "poison_"),
+            "sandbox.guard.ALLOWED_OPS": (guard_mod, "ALLOWED_OPS"), "sandbox.guard.FRESH_OPS": (guard_mod, "FRESH_OPS"),
+            "sandbox.guard.POISON_ALLOC": (guard_mod, "POISON_ALLOC"),
+            "ComputeGuard.__init__": (guard_mod.ComputeGuard, "__init__"), "sandbox.guard._DISPATCH": (guard_mod, "_DISPATCH"),
             "Worker._call": (W, "_call"), "Worker._check_outputs": (W, "_check_outputs"),
             "Worker._integrity": (W, "_integrity"), "Worker.run": (W, "run"), "Worker.time": (W, "time"),
             "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"),
@@ -111,10 +114,13 @@ class Worker:
             "runtime._count": (runtime, "_count"), "runtime.launch_counts": (runtime, "launch_counts"),
         })
         self.equal = torch.equal
+        self.guard_cls = guard_mod.ComputeGuard
+        self.guard_tables = (guard_mod.ALLOWED_OPS, guard_mod.FRESH_OPS, guard_mod.POISON_ALLOC)
         self.notes: list[str] = []
         self.staged: list = []
         self.timed_out: list = []
         self.timed_guards: list = []
+        self.last_guard: Any = None
 
     def _to_device(self, v: Any) -> Any:
         torch = self.torch
@@ -194,10 +200,9 @@ class Worker:
         return {"ok": True, "log": log + self.notes}
 
     def _call(self, inputs: tuple, poison: bool) -> tuple[Any, list[str], Any]:
-        from sandbox.guard import ComputeGuard
-
         torch = self.torch
-        g = ComputeGuard(poison=poison)
+        g = self.guard_cls(poison=poison, tables=self.guard_tables)
+        self.last_guard = g
         self.monitor.phase = "call"
         try:
             with torch.no_grad(), g:
@@ -243,7 +248,7 @@ class Worker:
             from sandbox.guard import ForbiddenOpError
 
             exc = sys.exc_info()[1]
-            viol = viol or []
+            viol = viol or list(getattr(self.last_guard, "violations", []))
             integ = self._integrity()
             if viol or integ or isinstance(exc, ForbiddenOpError):
                 return {"ok": False, "status": "forbidden", "error": str(exc),

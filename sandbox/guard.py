@@ -17,32 +17,34 @@ call, built at import time, or wrapped around memory torch did not allocate (`to
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-POISON_ALLOC = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+POISON_ALLOC = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
-ALLOC_OPS = POISON_ALLOC | {
+ALLOC_OPS = POISON_ALLOC | frozenset({
     "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full",
     "zero_", "fill_", "scalar_tensor", "resize_",
-}
-VIEW_OPS = {
+})
+VIEW_OPS = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "alias", "detach", "detach_", "t", "transpose",
     "permute", "expand", "expand_as", "squeeze", "unsqueeze", "slice", "select", "narrow", "split",
     "split_with_sizes", "chunk", "unbind", "flatten", "unflatten", "view_as", "movedim", "unfold", "diagonal",
     "lift_fresh", "lift_fresh_copy", "contiguous", "view_as_real", "view_as_complex", "_conj", "conj",
     "resolve_conj", "resolve_neg", "_neg_view",
-}
-META_OPS = {
+})
+META_OPS = frozenset({
     "size", "stride", "sym_size", "sym_stride", "sym_numel", "numel", "dim", "is_contiguous", "storage_offset",
     "sym_storage_offset", "is_same_size", "_local_scalar_dense", "is_nonzero", "_has_compatible_shallow_copy_type",
     "record_stream", "set_",
-}
-COPY_OPS = {"clone", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"}
+})
+COPY_OPS = frozenset({"clone", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"})
 ALLOWED_OPS = ALLOC_OPS | VIEW_OPS | META_OPS | COPY_OPS
 # ops whose result is new memory: an output of forward must live in storage one of these made during the call
-FRESH_OPS = POISON_ALLOC | {"zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like",
-                            "new_full", "scalar_tensor", "clone", "_to_copy", "lift_fresh_copy"}
+FRESH_OPS = POISON_ALLOC | frozenset({"zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full",
+                                      "full_like", "new_full", "scalar_tensor", "clone", "_to_copy", "lift_fresh_copy"})
 
 _INT_SENTINEL = {
     torch.int8: -77, torch.uint8: 0xA5, torch.int16: -31337, torch.int32: -123456789, torch.int64: -1234567890123,
@@ -62,11 +64,21 @@ def poison_(t: torch.Tensor) -> None:
 
 
 class ComputeGuard(TorchDispatchMode):
-    """Use as `with ComputeGuard(poison=True) as g: out = model(*inputs)`; then read `g.violations`."""
+    """Use as `with ComputeGuard(poison=True) as g: out = model(*inputs)`; then read `g.violations`.
 
-    def __init__(self, poison: bool = False):
+    The op tables are frozensets (solution code cannot add to them); the candidate worker also checks that none
+    of them was rebound (sandbox.integrity.HarnessSnapshot) and passes its own captured copies (`tables`).
+    """
+
+    def __init__(self, poison: bool = False, tables: tuple[frozenset, frozenset, frozenset] | None = None):
         super().__init__()
         self.poison = poison
+        self._allowed, self._fresh, self._poison_alloc = tables or (ALLOWED_OPS, FRESH_OPS, POISON_ALLOC)
+        self._poison_fn = poison_
+        # torch looks __torch_dispatch__ up on the mode object, so an instance attribute wins over the class's: the
+        # guard dispatches through the function captured when this module was imported (before any solution code),
+        # whatever is later assigned to ComputeGuard.__torch_dispatch__, even for the duration of one call.
+        self.__torch_dispatch__ = types.MethodType(_DISPATCH, self)
         self.violations: list[str] = []
         self.ops_seen: dict[str, int] = {}
         self.fresh: set[int] = set()  # storage addresses allocated by FRESH_OPS during this guard
@@ -76,7 +88,7 @@ class ComputeGuard(TorchDispatchMode):
         name = func.overloadpacket.__name__
         qual = f"{func.namespace}::{name}"
         self.ops_seen[qual] = self.ops_seen.get(qual, 0) + 1
-        if func.namespace not in ("aten", "prim") or name not in ALLOWED_OPS:
+        if func.namespace not in ("aten", "prim") or name not in self._allowed:
             msg = f"{qual} called inside ModelNew.forward (only allocation, view, metadata and copy ops are allowed)"
             self.violations.append(msg)
             raise ForbiddenOpError(msg)
@@ -92,8 +104,11 @@ class ComputeGuard(TorchDispatchMode):
                 self.violations.append(msg)
                 raise ForbiddenOpError(msg)
         out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and name in FRESH_OPS:
+        if isinstance(out, torch.Tensor) and name in self._fresh:
             self.fresh.add(out.untyped_storage().data_ptr())
-            if self.poison and name in POISON_ALLOC:
-                poison_(out)
+            if self.poison and name in self._poison_alloc:
+                self._poison_fn(out)
         return out
+
+
+_DISPATCH = ComputeGuard.__torch_dispatch__

@@ -133,10 +133,11 @@ class Monitor:
             if name in _FRAME_ATTRS and self._candidate_on_stack(3):
                 return ("introspection", f"access to .{name} by the solution (frame inspection)")
             return None
-        if event == "object.__setattr__":
+        if event in ("object.__setattr__", "object.__delattr__"):
+            obj = args[0] if args else None
             name = args[1] if len(args) > 1 else ""
             if name in ("__code__", "__defaults__", "__kwdefaults__") and self._candidate_on_stack(3):
-                return ("tampering", f"the solution replaced {name} of {getattr(args[0], '__qualname__', '?')}")
+                return ("tampering", f"the solution replaced {name} of {getattr(obj, '__qualname__', '?')}")
             return None
         if event in ("exec", "compile"):
             if self._caller_is_candidate(3):
@@ -376,8 +377,10 @@ class StateSnapshot:
 _BYPASS_C = ("_DisableTorchDispatch", "_pop_torch_dispatch_mode", "_unset_dispatch_mode", "_set_dispatch_mode",
              "_ExcludeDispatchKeyGuard", "_IncludeDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded",
              "_dispatch_tls_set_dispatch_key_included", "_DisableFuncTorch", "_DisableTorchFunction",
-             "_DisableTorchFunctionSubclass", "_push_on_torch_dispatch_stack", "_set_torch_dispatch_mode")
-_BYPASS_PY = ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode", "_push_mode")
+             "_DisableTorchFunctionSubclass", "_push_on_torch_dispatch_stack", "_set_torch_dispatch_mode",
+             "_get_dispatch_mode", "_get_dispatch_stack_at", "_pop_torch_dispatch_stack")
+_BYPASS_PY = ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode", "_push_mode",
+              "_get_current_dispatch_mode", "_get_current_dispatch_mode_stack")
 _BRIDGES_TENSOR = ("numpy", "__array__", "tolist", "__dlpack__")
 _BRIDGES_TORCH = ("from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack")
 

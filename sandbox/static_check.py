@@ -75,7 +75,7 @@ def check_model_new(src: str, fmt: str) -> tuple[list[Violation], str | None]:
 
 
 _FORBIDDEN_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]\s*(torch/|ATen/|c10/|pybind11/|Python\.h|caffe2/)', re.M)
-_ASM = re.compile(r"\b(__asm__|asm)\b\s*(volatile\s*|__volatile__\s*)?\(")
+_ASM = re.compile(r"\b(__asm__|__asm|asm)\b\s*(volatile\s*|__volatile__\s*|goto\s*)*\(")
 _SYSCALL = re.compile(r"\bsyscall\s*\(")
 
 
@@ -140,6 +140,29 @@ def undefined_symbols(so_path: str) -> list[str]:
         name = parts[-1].split("@")[0]
         syms.append(name)
     return sorted(set(syms))
+
+
+_SYSCALL_INSN = re.compile(r"\t(syscall|sysenter|int\s+\$0x80|svc\s+#?0)\b")
+
+
+def check_instructions(so_path: str) -> list[Violation]:
+    """Violations for system-call instructions in the built library's machine code (`objdump -d`): a kernel that
+    issues system calls itself bypasses the undefined-symbol allow-list, however its source spells the asm."""
+    try:
+        p = subprocess.run(["objdump", "-d", "--no-show-raw-insn", so_path], capture_output=True, text=True,
+                           timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [Violation("symbol", f"could not disassemble the built library: {e}")]
+    if p.returncode != 0:
+        return [Violation("symbol", f"objdump failed on the built library: {p.stderr.strip()[:200]}")]
+    func = "?"
+    for line in p.stdout.splitlines():
+        if line.endswith(">:"):
+            func = line.split("<", 1)[-1].rstrip(">:")
+        elif _SYSCALL_INSN.search(line):
+            what = _SYSCALL_INSN.search(line).group(1)
+            return [Violation("symbol", f"the built library issues system calls itself ({what} in {func})")]
+    return []
 
 
 def check_symbols(so_path: str, allow_blas: bool = False) -> list[Violation]:

@@ -2,6 +2,8 @@
 docstring says what it tries and which defence must catch it), evaluated with the static checks off so that the
 runtime defences are what catches it. Each test asserts the named violation and reward -1."""
 
+from pathlib import Path
+
 import pytest
 
 from integrity_lib import adversarial, kinds, task
@@ -26,6 +28,8 @@ FORBIDDEN = {
     "global_flags": "global_state",
     "monkeypatch_torch": "monkeypatch",
     "patch_guard": "harness_tampering",
+    "rebind_guard_tables": "harness_tampering",
+    "patch_guard_during_call": "dispatch_op",
     "guard_bypass": "guard_bypass",
     "thread_after_return": "thread",
     "raw_thread": "thread",
@@ -107,3 +111,46 @@ def test_background_thread_is_caught_without_the_monitor(unmonitored_evaluator):
     res = unmonitored_evaluator.evaluate(task(), adversarial("thread_after_return"), "cpu")
     assert res.status == "forbidden" and res.reward == -1, res.message
     assert {"thread", "write_after_return"} & set(kinds(res)), res.violations
+
+
+BREAKER = Path(__file__).resolve().parent / "breaker"
+# The breaker pass's solutions (tests/integrity/breaker, row_softmax, default configuration): each must get no
+# reward; cache_identity is neutralised (fresh inputs per timed call: it computes, slowly, reward 0), the others
+# are refused (reward -1).
+BREAKER_CASES = ["asm_bypass", "cache_identity", "disable_torch_dispatch", "full_hack", "ga_patch_guard_out",
+                 "importlib_numpy", "numpy_via_tensor", "patch_guard_allowlist", "patch_perf_counter",
+                 "patch_time_calls", "pure_python", "thread_torch"]
+
+
+@pytest.fixture(scope="module")
+def default_evaluator(tmp_path_factory):
+    from sandbox.evaluator import Evaluator
+
+    from integrity_lib import cpu_config
+
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("breaker"), static_checks=True))
+    yield ev
+    ev.close()
+
+
+@pytest.mark.parametrize("name", BREAKER_CASES)
+def test_breaker_solutions_get_no_reward(default_evaluator, name):
+    from sandbox.files import load_solution
+
+    if not (BREAKER / name / "model_new.py").exists():
+        pytest.skip(f"breaker case {name} not in this checkout")
+    res = default_evaluator.evaluate(task("row_softmax"), load_solution(BREAKER / name), "cpu")
+    if name == "cache_identity":
+        assert res.reward <= 0, res.message
+    else:
+        assert res.status != "ok" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+
+
+def test_raw_syscall_instruction_is_caught_in_the_built_library(hack_evaluator):
+    """With the static check off, a kernel issuing system calls with inline asm is refused from its machine code."""
+    from sandbox.files import load_solution
+
+    if not (BREAKER / "asm_bypass" / "model_new.py").exists():
+        pytest.skip("breaker case asm_bypass not in this checkout")
+    res = hack_evaluator.evaluate(task("row_softmax"), load_solution(BREAKER / "asm_bypass"), "cpu")
+    assert res.status == "forbidden" and res.reward == -1 and "system calls" in res.message, res.message
