@@ -136,7 +136,9 @@ class Monitor:
         if event in ("object.__setattr__", "object.__delattr__"):
             obj = args[0] if args else None
             name = args[1] if len(args) > 1 else ""
-            if name in ("__code__", "__defaults__", "__kwdefaults__") and self._candidate_on_stack(3):
+            # only when the solution's own frame does the write: stdlib code the solution merely imports
+            # (collections.namedtuple sets __new__.__defaults__, e.g. under setuptools during load_inline) is not it
+            if name in ("__code__", "__defaults__", "__kwdefaults__") and self._caller_is_candidate(3):
                 return ("tampering", f"the solution replaced {name} of {getattr(obj, '__qualname__', '?')}")
             return None
         if event in ("exec", "compile"):

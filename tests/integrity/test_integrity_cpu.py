@@ -28,6 +28,7 @@ FORBIDDEN = {
     "global_flags": "global_state",
     "monkeypatch_torch": "monkeypatch",
     "patch_guard": "harness_tampering",
+    "patch_function_defaults": "tampering",
     "rebind_guard_tables": "harness_tampering",
     "patch_guard_during_call": "dispatch_op",
     "guard_bypass": "guard_bypass",
@@ -154,3 +155,14 @@ def test_raw_syscall_instruction_is_caught_in_the_built_library(hack_evaluator):
         pytest.skip("breaker case asm_bypass not in this checkout")
     res = hack_evaluator.evaluate(task("row_softmax"), load_solution(BREAKER / "asm_bypass"), "cpu")
     assert res.status == "forbidden" and res.reward == -1 and "system calls" in res.message, res.message
+
+
+def test_stdlib_namedtuple_defaults_are_not_tampering(hack_evaluator):
+    """collections.namedtuple(defaults=...) at import writes __new__.__defaults__ from stdlib frames (setuptools does
+    it while load_inline imports it): an honest solution doing that gets its reward, not a tampering verdict."""
+    files = adversarial("patch_function_defaults")
+    src = files["model_new.py"].replace("F.softmax.__defaults__ = (None, 3, torch.float16)\n", "")
+    assert src != files["model_new.py"]
+    res = hack_evaluator.evaluate(task(), {**files, "model_new.py": src}, "cpu")
+    assert "tampering" not in kinds(res), res.message
+    assert res.status == "ok" and res.reward >= 0, res.message
