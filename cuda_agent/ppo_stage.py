@@ -94,7 +94,7 @@ def run(driver, stage: str, st: dict) -> bool:
                   "--summary-out", str(work / f"{name}.summary.json")]
         sup.start(ProcessSpec(name, a_argv, env=child_env(), cwd=str(REPO_ROOT), restart=True,
                               restart_on_exit_0=True, max_restarts=sv.max_restarts, backoff_s=sv.backoff_s,
-                              stop_timeout_s=min(sv.stop_timeout_s, 20.0)))
+                              stop_timeout_s=5.0))  # at the stage's end their running episodes are of no use
         actors.append(name)
     driver._bar_update(bar, 0, f"{len(actors)} actor(s) sampling")
 

@@ -145,7 +145,7 @@ class TrainDriver:
     def _on_event(self, ev) -> None:
         self.metrics.log("event", self.state.get("current_stage", ""), int(self.state.get("global_step", 0)),
                          **ev.to_dict())
-        if ev.state in ("crashed", "failed", "restarting"):
+        if ev.state in ("failed", "restarting"):  # a one-shot child's exit code is handled by the driver itself
             console.print(f"[yellow]{ev.name}: {ev.state} {ev.message}[/yellow]")
 
     def _check_stop(self) -> None:

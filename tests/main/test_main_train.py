@@ -98,6 +98,8 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
         assert -1.0 <= r["reward_mean"] <= 3.0 and 0.0 <= r["pass_rate"] <= 1.0 and r["episodes_per_s"] > 0
     evals = {r["tag"]: r for r in recs if r["kind"] == "eval"}
     assert {"after_warm_start", "after_single_turn_ppo", "after_rft", "after_multi_turn_ppo"} <= set(evals)
+    # the periodic evaluation of a snapshot exported in the middle of stage 1 (eval.every_updates=1)
+    assert "single_turn_ppo-u1" in evals and evals["single_turn_ppo-u1"]["stage"] == "single_turn_ppo"
     for tag in evals:
         _sane_eval(json.loads((run / "eval" / f"{tag}.json").read_text())["metrics"]["overall"])
     # the run folder holds what the report is made of, and the report itself
