@@ -138,11 +138,16 @@ def run(driver, stage: str, st: dict) -> bool:
                 sup.stop(learner_name)  # SIGTERM: the learner writes its checkpoint
                 raise Interrupted()
             time.sleep(0.5)
+    except BaseException:
+        if pending_eval is not None:
+            sup.stop(pending_eval["name"])
+        raise
     finally:
         for a in actors:
             sup.stop(a)
-        if pending_eval is not None:
-            driver._eval_wait(pending_eval)
+    if pending_eval is not None:  # a periodic evaluation still running when the learner finished
+        driver._eval_wait(pending_eval)
+        driver._eval_finish(pending_eval)
     for rec in tailer.read():
         last = max(last, int(rec.get("step", 0)))
         driver.metrics.log("train", stage, base + last,
