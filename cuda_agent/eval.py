@@ -270,7 +270,11 @@ def eval_cmd(
     finally:
         if sup is not None:
             sup.close()
-    Console().print(rich_table(payload["metrics"], f"KernelBench metrics: {payload['policy']}", payload["environment"]))
+    out_console = Console()
+    if not out_console.is_terminal:  # piped or logged: room for every column
+        out_console = Console(width=160)
+    out_console.print(rich_table(payload["metrics"], f"KernelBench metrics: {payload['policy']}",
+                                 payload["environment"]))
     console.print(f"results: {out / 'episodes.jsonl'}; metrics: {out / 'metrics.json'}, {out / 'metrics.md'}")
 
 
