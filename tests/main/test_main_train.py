@@ -1,7 +1,7 @@
 """`cuda-agent train` end to end with the smoke preset: real processes (sandbox node, stage workers, learner service,
-actor, evaluations) on loopback, the CPU backend. One run goes through every stage while its sandbox node is
-SIGKILLed in the middle (the supervisor restarts it and the run goes on); another is interrupted with Ctrl-C
-(SIGINT) during the warm start and resumed from its checkpoint. Nothing here asserts timing."""
+actor, evaluations) on loopback, the CPU backend. One run goes through every stage while its sandbox node and
+later its actor are SIGKILLed (the supervisor restarts them and the run goes on); another is interrupted with
+Ctrl-C (SIGINT) during the warm start and resumed from its checkpoint. Nothing here asserts timing."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ def _wait(cond, proc, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _actor_pid(config_path: str) -> int | None:
+    """pid of the actor process started with this config file (its own process group), if it runs."""
+    import psutil
+
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "actors.cli" in cmd and config_path in cmd:
+            return p.info["pid"]
+    return None
+
+
 def _sane_eval(m: dict) -> None:
     for k in ("pass_rate", "faster_than_eager", "faster_than_compile", "pass_at_n"):
         assert 0.0 <= m[k] <= 1.0, (k, m[k])
@@ -70,6 +81,10 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
         _wait(lambda: _state(run).get("current_stage") == "single_turn_ppo", proc, 900, "stage single_turn_ppo")
         info = json.loads((run / "sandbox.ready").read_text())
         os.killpg(int(info["pid"]), signal.SIGKILL)
+        # and once the agentic stage has its actor, SIGKILL the actor too
+        actor_yaml = str(run / "learner" / "multi_turn_ppo" / "actor.yaml")
+        _wait(lambda: _actor_pid(actor_yaml) is not None, proc, 1200, "the multi-turn actor")
+        os.killpg(_actor_pid(actor_yaml), signal.SIGKILL)
         out, _ = proc.communicate(timeout=1500)
     finally:
         if proc.poll() is None:
@@ -89,6 +104,9 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
     restarts = [r for r in recs
                 if r["kind"] == "event" and r.get("name") == "sandbox" and r.get("state") == "restarting"]
     assert restarts, "no restart of the sandbox node was recorded"
+    actor_restarts = [r for r in recs if r["kind"] == "event" and r.get("name") == "actor-multi_turn_ppo-0"
+                      and r.get("state") == "restarting"]
+    assert actor_restarts, "no restart of the killed actor was recorded"
     # learning figures: SFT loss, PPO updates with rollout statistics, evaluations after each policy change
     assert any("sft/nll" in r for r in recs if r["kind"] == "train" and r["stage"] == "warm_start")
     assert any("ppo/clip_frac" in r for r in recs if r["kind"] == "train" and r["stage"] == "single_turn_ppo")
