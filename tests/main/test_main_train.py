@@ -84,7 +84,9 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
         # and once the agentic stage has its actor, SIGKILL the actor too
         actor_yaml = str(run / "learner" / "multi_turn_ppo" / "actor.yaml")
         _wait(lambda: _actor_pid(actor_yaml) is not None, proc, 1200, "the multi-turn actor")
-        os.killpg(_actor_pid(actor_yaml), signal.SIGKILL)
+        pid = _actor_pid(actor_yaml)
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)  # it is still importing JAX at this point
         out, _ = proc.communicate(timeout=1500)
     finally:
         if proc.poll() is None:
