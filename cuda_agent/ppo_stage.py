@@ -71,6 +71,9 @@ def run(driver, stage: str, st: dict) -> bool:
     argv = [sys.executable, "-m", "cuda_agent.ppo_learner", "--run-dir", str(rd.root), "--stage", stage,
             "--init", str(driver.state["policy"]), "--out", str(out), "--trajectories", traj_ep,
             "--weights", weights_ep, "--export-every", str(cfg.eval.every_updates)]
+    tailer = JsonlTail(work / "metrics" / "metrics.jsonl")  # made before the learner writes to it
+    if tailer.path.exists():  # a resumed stage: what the file holds was mirrored before
+        tailer.offset = tailer.path.stat().st_size
     learner = sup.start(ProcessSpec(learner_name, argv, env=child_env(jax_memory_fraction=cfg.jax_memory_fraction),
                                     cwd=str(REPO_ROOT), restart=True,
                                     max_restarts=sv.max_restarts, backoff_s=sv.backoff_s,
@@ -98,7 +101,6 @@ def run(driver, stage: str, st: dict) -> bool:
         actors.append(name)
     driver._bar_update(bar, 0, f"{len(actors)} actor(s) sampling")
 
-    tailer = JsonlTail(work / "metrics" / "metrics.jsonl")
     base = int(driver.state.get("global_step", 0))
     last = 0
     pending_eval = None

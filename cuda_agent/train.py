@@ -59,9 +59,10 @@ class Interrupted(Exception):
 class JsonlTail:
     """New records of a JSONL file that another process appends to (a torn last line waits for its end)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, from_end: bool = False):
+        """from_end: skip what the file already holds (a resumed stage: those records were mirrored before)."""
         self.path = path
-        self.offset = 0
+        self.offset = path.stat().st_size if from_end and path.exists() else 0
         self.buf = b""
 
     def read(self) -> list[dict]:
@@ -386,11 +387,11 @@ class TrainDriver:
                 "--init", str(self.state["policy"]), "--out", str(out), "--format", self.fmt, "--device", self.device,
                 "--store", str(self.run_dir / "learner" / "single_turn_ppo" / "stages")]
         name = f"stage-{stage}"
+        tail = JsonlTail(self.run_dir.learner_dir(stage) / "metrics" / "metrics.jsonl", from_end=True)
         mp = self.sup.start(ProcessSpec(name, argv, env=child_env(jax_memory_fraction=cfg.jax_memory_fraction),
                                         cwd=str(Path(__file__).resolve().parents[1]),
                                         restart=False, stop_timeout_s=cfg.supervision.stop_timeout_s))
         bar = self._bar(stage.replace("_", " "), spec.steps)
-        tail = JsonlTail(self.run_dir.learner_dir(stage) / "metrics" / "metrics.jsonl")
         base = int(self.state.get("global_step", 0))
         last_step = 0
         while True:
