@@ -81,8 +81,8 @@ def plot_series(records: list[dict], out_dir: Path) -> dict[str, Path]:
         fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
         for i, (stage, t0, t1) in enumerate(spans):
             ax.axvspan(t0 / 60, t1 / 60, color=_STAGE_COLORS[i % 2], zorder=0)
-            ax.text((t0 + t1) / 120, 1.0, stage.replace("_", " "), transform=ax.get_xaxis_transform(), ha="center",
-                    va="bottom", fontsize=7, rotation=0)
+            ax.text((t0 + t1) / 120, 1.0 + 0.045 * (i % 2), stage.replace("_", " "), transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=7)  # alternate heights: short stages sit side by side
         xs = [r["elapsed_s"] / 60 for r in rollouts if r.get(roll_key) is not None]
         ys = [r[roll_key] for r in rollouts if r.get(roll_key) is not None]
         if xs:
@@ -111,7 +111,7 @@ def plot_series(records: list[dict], out_dir: Path) -> dict[str, Path]:
         if ylim:
             ax.set_ylim(*ylim)
         ax.set_xlabel("elapsed time (min)")
-        ax.set_title(title, fontsize=10, pad=14)
+        ax.set_title(title, fontsize=10, pad=22)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="lower right")
         else:
@@ -123,6 +123,47 @@ def plot_series(records: list[dict], out_dir: Path) -> dict[str, Path]:
         plt.close(fig)
         paths[name] = p
     return paths
+
+
+def plot_losses(records: list[dict], out_dir: Path) -> Path:
+    """loss.png: what the networks learn step by step: supervised NLL and token accuracy (warm start, RFT) and
+    the critic's value loss (value pre-training, PPO), over elapsed minutes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    train = [r for r in records if r.get("kind") == "train"]
+    for stage, color in (("warm_start", "tab:blue"), ("rft", "tab:green")):
+        pts = [(r["elapsed_s"] / 60, r["sft/nll"], r.get("sft/accuracy")) for r in train
+               if r["stage"] == stage and isinstance(r.get("sft/nll"), (int, float))]
+        if pts:
+            a1.plot([p[0] for p in pts], [p[1] for p in pts], ".-", color=color, label=f"{stage}: NLL (nats/token)")
+            acc = [(p[0], p[2]) for p in pts if isinstance(p[2], (int, float))]
+            if acc:
+                a1.plot([p[0] for p in acc], [p[1] for p in acc], "x:", color=color, label=f"{stage}: token accuracy")
+    for stage, color in (("value_pretrain", "tab:purple"), ("single_turn_ppo", "tab:orange"),
+                         ("multi_turn_ppo", "tab:red")):
+        pts = [(r["elapsed_s"] / 60, r["critic/value_loss"]) for r in train
+               if r["stage"] == stage and isinstance(r.get("critic/value_loss"), (int, float))]
+        if pts:
+            a2.plot([p[0] for p in pts], [p[1] for p in pts], ".-", color=color, label=stage)
+    a1.set_title("supervised stages", fontsize=10)
+    a2.set_title("critic value loss", fontsize=10)
+    for ax in (a1, a2):
+        ax.set_xlabel("elapsed time (min)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", color="grey")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    p = out_dir / "loss.png"
+    fig.savefig(p)
+    plt.close(fig)
+    return p
 
 
 def _eval_points(run_dir: Path) -> list[dict[str, Any]]:
@@ -190,6 +231,16 @@ def _per_task_table(points: list[dict], split: str = "eval") -> list[str]:
     return lines
 
 
+def _loss_span(records: list[dict], stage: str) -> str:
+    """First and last value of the stage's main loss (SFT NLL, else the critic's value loss)."""
+    for key, label in (("sft/nll", "NLL"), ("critic/value_loss", "value loss")):
+        vals = [r[key] for r in records if r.get("kind") == "train" and r.get("stage") == stage
+                and isinstance(r.get(key), (int, float))]
+        if vals:
+            return f"{label} {vals[0]:.3f} -> {vals[-1]:.3f}"
+    return "-"
+
+
 def build_report(run_dir: str | Path) -> Path:
     """Write report.md and plots/*.png for a run folder; returns the report's path."""
     from cuda_agent.kb_metrics import markdown_table
@@ -197,6 +248,7 @@ def build_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     records = load_records(run_dir)
     plots = plot_series(records, run_dir / "plots")
+    plots["loss"] = plot_losses(records, run_dir / "plots")
     points = _eval_points(run_dir)
     state = {}
     if (run_dir / "state.json").exists():
@@ -214,10 +266,11 @@ def build_report(run_dir: str | Path) -> Path:
     lines.append("")
 
     # stages
-    lines += ["## Stages", "", "| stage | status | duration | notes |", "| --- | --- | --- | --- |"]
+    lines += ["## Stages", "", "| stage | status | duration | loss first -> last | notes |",
+              "| --- | --- | --- | --- | --- |"]
     for name, info in state.get("stages", {}).items():
         lines.append(f"| {name} | {info.get('status', '-')} | {_f(info.get('duration_s'), 0)} s | "
-                     f"{info.get('note', '')} |")
+                     f"{_loss_span(records, name)} | {info.get('note', '')} |")
     lines.append("")
 
     # learning on the eval split

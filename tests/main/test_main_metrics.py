@@ -126,7 +126,8 @@ def test_report_from_metrics_jsonl(tmp_path):
     run = _write_run(tmp_path)
     path = build_report(run.root)
     text = path.read_text()
-    for name in ("reward", "pass_rate", "speedup"):
+    assert "NLL 3.000 -> 1.000" in text  # the warm start's loss, first and last step
+    for name in ("reward", "pass_rate", "speedup", "loss"):
         png = run.root / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert f"plots/{name}.png" in text
