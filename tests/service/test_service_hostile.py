@@ -53,7 +53,9 @@ def test_hostile_solutions_do_not_change_other_results(tmp_path):
     # the hostile ones were caught or contained, each with its own status
     assert mixed["hostile/torch_fallback"][0] == "forbidden"
     assert mixed["hostile/forbidden_symbol"][0] == "forbidden"
-    assert mixed["hostile/escape_write"][0] == "runtime_error"
+    # the in-process monitor refuses the write before the read-only mount has to (tests/sandbox/test_sandbox_isolation.py
+    # checks the mount namespace alone)
+    assert mixed["hostile/escape_write"][0] == "forbidden"
     assert not MARKER.exists(), "a candidate wrote outside its workspace"
     # nothing the candidates started outlives them, and no worker was lost
     wait_until(lambda: not [c for c in nobody_processes() if "sleep 100000" in c], 15,

@@ -28,7 +28,7 @@ def test_stress_sweep_command_finds_the_step_past_capacity(node, tmp_path):
     out = tmp_path / "report"
     settings = [f"--setting={k}={json.dumps(v)}" for k, v in QUICK.items()]
     cmd = [sys.executable, "-m", "cuda_agent.cli", "sandbox", "stress", "--endpoint", node.endpoint, "--task", TASK,
-           "--mix", "fast=3,wrong=1", "--sweep", "--rates", "0.25,2", "--step-duration", "4", "--out", str(out),
+           "--mix", "fast=3,wrong=1", "--sweep", "--rates", "0.25,8", "--step-duration", "4", "--out", str(out),
            "--deadline", "300", *settings]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
@@ -37,11 +37,11 @@ def test_stress_sweep_command_finds_the_step_past_capacity(node, tmp_path):
     md = (out / "stress.md").read_text()
     assert "Knee:" in md and "Little ratio" in md and "evaluations/hour" in md
     steps = rep["sweep"]["steps"]
-    assert [s["offered_rate_per_s"] for s in steps] == [0.25, 2.0]
-    assert [s["jobs_sent"] for s in steps] == [1, 8]
+    assert [s["offered_rate_per_s"] for s in steps] == [0.25, 8.0]
+    assert [s["jobs_sent"] for s in steps] == [1, 32]
     hot = steps[1]
-    assert hot["broken"], "8 jobs offered in 4 s to one CPU worker must be past its capacity"
-    assert rep["sweep"]["knee_rate_per_s"] in (None, 0.25) and rep["sweep"]["broken_at_rate_per_s"] in (0.25, 2.0)
+    assert hot["broken"], "32 jobs offered in 4 s to one CPU worker must be past its capacity"
+    assert rep["sweep"]["knee_rate_per_s"] in (None, 0.25) and rep["sweep"]["broken_at_rate_per_s"] in (0.25, 8.0)
     recs = sorted(hot["records"], key=lambda r: r["index"])
     assert all(r["status"] in ("ok", "incorrect") for r in recs)
     # open loop: the sender kept to the schedule while the node fell behind, and the queueing shows in the latency
