@@ -201,7 +201,12 @@ def main() -> None:
     ap.add_argument("--ext-builds", type=int, default=2)
     ap.add_argument("--evals", type=int, default=10)
     ap.add_argument("--noise-batch", type=int, default=1024)
+    ap.add_argument("--sections", default="build,e2e,noise", help="comma-separated: build (cubin + extension "
+                    "builds and the CUDA-Agent-style flow), e2e, noise")
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
+    if not sections <= {"build", "e2e", "noise"}:
+        ap.error(f"--sections: unknown {sorted(sections - {'build', 'e2e', 'noise'})}; allowed: build, e2e, noise")
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = tempfile.mkdtemp(prefix="bench-cache-")
@@ -219,38 +224,41 @@ def main() -> None:
             import torch
 
             res["device"] = torch.cuda.get_device_name(0)
-            # the extension builds (slow) run while the cubin builds are measured; the end-to-end evaluations after
-            with cf.ThreadPoolExecutor(max_workers=1) as pool:
-                fut = pool.submit(bench_extension_builds, ev, cfg, a.ext_builds)
-                try:
-                    res["cubin_build"] = bench_cubin_builds(ev, cfg, a.builds)
-                except Exception as e:  # noqa: BLE001
-                    res["cubin_build"] = {"error": f"{type(e).__name__}: {e}"}
+            if "build" in sections:
+                # the extension builds (slow) run while the cubin builds are measured
+                with cf.ThreadPoolExecutor(max_workers=1) as pool:
+                    fut = pool.submit(bench_extension_builds, ev, cfg, a.ext_builds)
+                    try:
+                        res["cubin_build"] = bench_cubin_builds(ev, cfg, a.builds)
+                    except Exception as e:  # noqa: BLE001
+                        res["cubin_build"] = {"error": f"{type(e).__name__}: {e}"}
+                    save()
+                    try:
+                        res["extension_build"] = fut.result()
+                    except Exception as e:  # noqa: BLE001
+                        res["extension_build"] = {"error": f"{type(e).__name__}: {e}"}
                 save()
+            if "e2e" in sections:
                 try:
-                    res["extension_build"] = fut.result()
+                    res["e2e"] = bench_e2e(ev, fmt, a.evals)
                 except Exception as e:  # noqa: BLE001
-                    res["extension_build"] = {"error": f"{type(e).__name__}: {e}"}
-            save()
-            try:
-                res["e2e"] = bench_e2e(ev, fmt, a.evals)
-            except Exception as e:  # noqa: BLE001
-                res["e2e"] = {"error": f"{type(e).__name__}: {e}"}
-            save()
+                    res["e2e"] = {"error": f"{type(e).__name__}: {e}"}
+                save()
             if "p50_s" in res.get("extension_build", {}) and "p50_s" in res.get("e2e", {}):
                 try:
                     res["cuda_agent_flow"] = bench_cuda_agent_flow(res["extension_build"], res["e2e"]["p50_s"])
                 except Exception as e:  # noqa: BLE001
                     res["cuda_agent_flow"] = {"error": f"{type(e).__name__}: {e}"}
-            save()
-        else:
+                save()
+        elif "e2e" in sections:
             res["e2e"] = bench_e2e(ev, fmt, a.evals)
             save()
-        try:
-            res["noise"] = bench_noise(ev, fmt, 10, a.noise_batch if res["backend"] == "cuda" else 64)
-        except Exception as e:  # noqa: BLE001
-            res["noise"] = {"error": f"{type(e).__name__}: {e}"}
-        save()
+        if "noise" in sections:
+            try:
+                res["noise"] = bench_noise(ev, fmt, 10, a.noise_batch if res["backend"] == "cuda" else 64)
+            except Exception as e:  # noqa: BLE001
+                res["noise"] = {"error": f"{type(e).__name__}: {e}"}
+            save()
     print(f"== sandbox bench ({res['backend']}, {res.get('device', 'cpu')}, isolation {res['isolation']}) ==")
     cb, eb, e2 = res.get("cubin_build", {}), res.get("extension_build", {}), res.get("e2e", {})
     if "p50_s" in cb:
