@@ -41,7 +41,8 @@ from protocol.codec import Limits, decode, encode
 from protocol.errors import ProtocolError
 from protocol.handshake import Error, Heartbeat, Hello
 from protocol.message import Message
-from protocol.sockets import hwm_for, make_socket, recv_frames, send_message
+from protocol.sockets import (ClosesOnExit, RouterServer, WakePipe, bad_message, frame_bytes, hwm_for, make_socket,
+                              recv_frames, send_message)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class RpcRequest:
         self._server.reply(self.request_id, msg)
 
 
-class RpcServer:
+class RpcServer(RouterServer):
     """ROUTER side of request/reply.
 
     Args:
@@ -113,25 +114,13 @@ class RpcServer:
         self._running: dict[bytes, bytes] = {}                  # request id -> peer to answer
         self._done: collections.OrderedDict[bytes, list[Any]] = collections.OrderedDict()  # id -> reply frames
         self._outbox: queue.SimpleQueue[tuple[bytes, Message]] = queue.SimpleQueue()
-        self._ctx = zmq.Context()
-        self._auth = curve.start_authenticator(self._ctx) if curve else None
-        self._sock = make_socket(self._ctx, zmq.ROUTER, limits=limits, curve=curve, sndhwm=1000,
-                                 rcvhwm=hwm_for(queue_bytes, limits.max_message_bytes, minimum=8))
-        self._sock.bind(endpoint)
-        self.endpoint = self._sock.last_endpoint.decode()
-        self._wake_addr = f"inproc://rpc-wake-{id(self)}"
-        self._wake_rx = self._ctx.socket(zmq.PULL)
-        self._wake_rx.bind(self._wake_addr)
-        self._wake_tx = self._ctx.socket(zmq.PUSH)
-        self._wake_tx.sndhwm = 1
-        self._wake_tx.connect(self._wake_addr)
-        self._wake_lock = threading.Lock()
-        self._loop_thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._bind_router(endpoint, limits=limits, curve=curve, sndhwm=1000,
+                          rcvhwm=hwm_for(queue_bytes, limits.max_message_bytes, minimum=8))
+        self._wakeup = WakePipe(self._ctx, "rpc")
 
     def start(self) -> "RpcServer":
-        self._loop_thread = threading.Thread(target=self.serve, name=f"rpc-{self.server_id}", daemon=True)
-        self._loop_thread.start()
+        self._thread = threading.Thread(target=self.serve, name=f"rpc-{self.server_id}", daemon=True)
+        self._thread.start()
         return self
 
     def serve(self) -> None:
@@ -139,15 +128,11 @@ class RpcServer:
         self._loop_ident = threading.get_ident()
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
+        poller.register(self._wakeup.rx, zmq.POLLIN)
         while not self._stop.is_set():
             events = dict(poller.poll(200))
-            if self._wake_rx in events:
-                while True:
-                    try:
-                        self._wake_rx.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            if self._wakeup.rx in events:
+                self._wakeup.drain()
             while True:
                 try:
                     request_id, msg = self._outbox.get_nowait()
@@ -165,11 +150,7 @@ class RpcServer:
             self._send_reply(request_id, msg)
             return
         self._outbox.put((request_id, msg))
-        with self._wake_lock:
-            try:
-                self._wake_tx.send(b"", zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+        self._wakeup.wake()
 
     def _serve_one(self) -> bool:
         try:
@@ -255,27 +236,12 @@ class RpcServer:
         self.stats["bad_messages"] += 1
         log.warning("rpc %s: bad message: %s", self.server_id, err)
         if len(envelope) >= 1:
-            peer = envelope[0].bytes if isinstance(envelope[0], zmq.Frame) else envelope[0]
             rid = envelope[1].bytes if len(envelope) > 1 and isinstance(envelope[1], zmq.Frame) else b""
             rid = rid if len(rid) <= MAX_REQUEST_ID_BYTES else b""
-            self._send(peer, rid, Error(code="bad_message", field=err.field[:512], message=str(err)[:4096]))
+            self._send(frame_bytes(envelope[0]), rid, bad_message(err))
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._loop_thread is not None:
-            self._loop_thread.join()
-        for s in (self._sock, self._wake_rx, self._wake_tx):
-            s.close(0)
-        if self._auth is not None:
-            self._auth.stop()
-        self._ctx.term()
-
-    def __enter__(self) -> "RpcServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
+    def _extra_sockets(self) -> tuple[zmq.Socket, ...]:
+        return self._wakeup.sockets
 
 @dataclasses.dataclass(eq=False)
 class _Endpoint:
@@ -310,7 +276,7 @@ class _Pending:
     tried: set = dataclasses.field(default_factory=set)
 
 
-class RpcClient:
+class RpcClient(ClosesOnExit):
     """DEALER side of request/reply over one or more equivalent endpoints.
 
     Args:
@@ -345,13 +311,7 @@ class RpcClient:
         self._endpoints = [_Endpoint(a, self._connect(a), now) for a in endpoints]
         self._pending: dict[bytes, _Pending] = {}
         self._submissions: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._wake_addr = f"inproc://rpc-client-wake-{id(self)}"
-        self._wake_rx = self._ctx.socket(zmq.PULL)
-        self._wake_rx.bind(self._wake_addr)
-        self._wake_tx = self._ctx.socket(zmq.PUSH)
-        self._wake_tx.sndhwm = 1
-        self._wake_tx.connect(self._wake_addr)
-        self._wake_lock = threading.Lock()
+        self._wakeup = WakePipe(self._ctx, "rpc-client")
         self._stop = threading.Event()
         self._hb_seq = 0
         self._next_heartbeat = now
@@ -405,11 +365,7 @@ class RpcClient:
         return next((e.hello for e in self._endpoints if e.address == address), None)
 
     def _wake(self) -> None:
-        with self._wake_lock:
-            try:
-                self._wake_tx.send(b"", zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+        self._wakeup.wake()
 
     # -- I/O thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -417,16 +373,12 @@ class RpcClient:
             self._send_session(e, Hello(role="client", id=self.client_id))
         while not self._stop.is_set():
             poller = zmq.Poller()
-            poller.register(self._wake_rx, zmq.POLLIN)
+            poller.register(self._wakeup.rx, zmq.POLLIN)
             for e in self._endpoints:
                 poller.register(e.sock, zmq.POLLIN)
             events = dict(poller.poll(self._next_timer_ms()))
-            if self._wake_rx in events:
-                while True:
-                    try:
-                        self._wake_rx.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            if self._wakeup.rx in events:
+                self._wakeup.drain()
             while True:
                 try:
                     p = self._submissions.get_nowait()
@@ -575,12 +527,5 @@ class RpcClient:
                 p.future.set_exception(RpcTimeout("client closed"))
         for e in self._endpoints:
             e.sock.close(0)
-        self._wake_rx.close(0)
-        self._wake_tx.close(0)
+        self._wakeup.close()
         self._ctx.term()
-
-    def __enter__(self) -> "RpcClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -7,10 +7,14 @@
   `send_multipart` would track only the last), so a caller that reuses a buffer can wait for ZeroMQ.
 - `recv_message`: reads frame by frame and stops keeping frames past the limits (the rest of the message is
   drained and dropped), so an oversized multipart message cannot exhaust memory.
+- `RouterServer`: the life cycle every bound ROUTER service here shares (own context, optional CURVE
+  authenticator, the bound socket, a stop event, the serving thread, `close()` in order); `bad_message` builds
+  the `Error` such a service answers a malformed message with; `WakePipe` wakes a socket-owning thread.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence, TypeVar
 
 import zmq
@@ -18,6 +22,7 @@ import zmq
 from protocol.auth import CurveClient, CurveServer
 from protocol.codec import SPLIT_BYTES, Limits, decode, encode
 from protocol.errors import ProtocolError
+from protocol.handshake import Error
 from protocol.message import Message
 
 M = TypeVar("M", bound=Message)
@@ -104,3 +109,106 @@ def recv_frames(sock: zmq.Socket, *, limits: Limits, envelope: int = 0, flags: i
 def recv_message(sock: zmq.Socket, expect: Sequence[type[M]], *, limits: Limits, flags: int = 0) -> M:
     """Receive and decode one message of a class in `expect` (no envelope). Raises ProtocolError."""
     return decode(recv_frames(sock, limits=limits, flags=flags), expect, limits)
+
+
+def bad_message(err: ProtocolError, request_id: str = "") -> Error:
+    """The `Error` a service answers a malformed message with: code "bad_message", the field and the message
+    bounded (512 and 4096 characters) so that a reply never grows with the garbage it answers."""
+    return Error(code="bad_message", field=err.field[:512], message=str(err)[:4096], request_id=request_id)
+
+
+def frame_bytes(frame: Any) -> bytes:
+    """The bytes of a received frame (a `zmq.Frame` or bytes already)."""
+    return frame.bytes if isinstance(frame, zmq.Frame) else frame
+
+
+class WakePipe:
+    """An inproc PUSH -> PULL pair by which any thread wakes the thread that owns a context's sockets.
+
+    `wake()` is thread-safe and never blocks (one queued wake-up is enough, so the PUSH side's HWM is 1); the
+    owning thread polls `rx` and calls `drain()` when it fires. `close()` closes both ends (before the
+    context's `term()`).
+    """
+
+    def __init__(self, ctx: zmq.Context, name: str):
+        addr = f"inproc://{name}-wake-{id(self)}"
+        self.rx = ctx.socket(zmq.PULL)
+        self.rx.bind(addr)
+        self._tx = ctx.socket(zmq.PUSH)
+        self._tx.sndhwm = 1
+        self._tx.connect(addr)
+        self._lock = threading.Lock()
+
+    def wake(self) -> None:
+        with self._lock:
+            try:
+                self._tx.send(b"", zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # a wake-up is already queued
+
+    def drain(self) -> None:
+        """Read and drop the queued wake-ups without blocking (owning thread only)."""
+        while True:
+            try:
+                self.rx.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    @property
+    def sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
+        return self.rx, self._tx
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(0)
+
+
+class ClosesOnExit:
+    """`with obj:` closes `obj` on exit (every socket owner here has a `close()`)."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class RouterServer(ClosesOnExit):
+    """Base of the bound ROUTER services (`TrajectoryReceiver`, `WeightsPublisher`, `RpcServer`).
+
+    `_bind_router` makes the context, the CURVE authenticator (ZAP handler) when keys are given, and the bound
+    socket (`self.endpoint` is the address it got, so "tcp://127.0.0.1:*" works); the subclass starts
+    `self._thread` and polls `self._stop`. `close()` sets the stop event, joins the thread, closes the socket
+    and `_extra_sockets()`, stops the authenticator, terminates the context, then calls `_release()`.
+    """
+
+    def _bind_router(self, endpoint: str, *, limits: Limits, curve: CurveServer | None, sndhwm: int,
+                     rcvhwm: int) -> None:
+        self._ctx = zmq.Context()
+        self._auth = curve.start_authenticator(self._ctx) if curve else None
+        self._sock = make_socket(self._ctx, zmq.ROUTER, limits=limits, curve=curve, sndhwm=sndhwm, rcvhwm=rcvhwm)
+        self._sock.bind(endpoint)
+        self.endpoint: str = self._sock.last_endpoint.decode()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _extra_sockets(self) -> Sequence[zmq.Socket]:
+        """Sockets of the service's own context besides the ROUTER, closed with it."""
+        return ()
+
+    def _release(self) -> None:
+        """What the service frees after its sockets and context are gone (a spool, a thread pool)."""
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for sock in (self._sock, *self._extra_sockets()):
+            sock.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+        self._release()

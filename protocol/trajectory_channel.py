@@ -29,7 +29,8 @@ from protocol.auth import CurveClient, CurveServer
 from protocol.codec import Limits, decode, encode
 from protocol.errors import ProtocolError
 from protocol.handshake import Error, Heartbeat, Hello
-from protocol.sockets import hwm_for, make_socket, recv_frames, send_message
+from protocol.sockets import (ClosesOnExit, RouterServer, WakePipe, bad_message, frame_bytes, hwm_for, make_socket,
+                              recv_frames, send_message)
 from protocol.spool import TrajectorySpool
 from protocol.trajectory import Trajectory, TrajectoryAck
 
@@ -44,7 +45,7 @@ REPLY_LIMITS = Limits(max_header_bytes=64 << 10, max_str_bytes=8 << 10, max_item
                       max_array_bytes=1, max_frame_bytes=64 << 10, max_frames=1, max_message_bytes=64 << 10)
 
 
-class TrajectoryReceiver:
+class TrajectoryReceiver(RouterServer):
     """Learner-side end of the acked trajectory channel.
 
     Args:
@@ -71,14 +72,8 @@ class TrajectoryReceiver:
         self.limits = limits
         self.stats = collections.Counter({k: 0 for k in ("received", "stored", "duplicates", "bad_messages",
                                                          "acks_dropped", "batches", "store_errors")})
-        self._ctx = zmq.Context()
-        self._auth = curve.start_authenticator(self._ctx) if curve else None
-        self._sock = make_socket(self._ctx, zmq.ROUTER, limits=limits, curve=curve, sndhwm=10_000,
-                                 rcvhwm=hwm_for(queue_bytes, limits.max_message_bytes, minimum=16))
-        self._sock.bind(endpoint)
-        self.endpoint = self._sock.last_endpoint.decode()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._bind_router(endpoint, limits=limits, curve=curve, sndhwm=10_000,
+                          rcvhwm=hwm_for(queue_bytes, limits.max_message_bytes, minimum=16))
 
     def start(self) -> "TrajectoryReceiver":
         """Serve in a background thread."""
@@ -145,9 +140,7 @@ class TrajectoryReceiver:
         self.stats["bad_messages"] += 1
         log.warning("trajectory receiver: bad message: %s", err)
         if envelope:
-            peer = envelope[0].bytes if isinstance(envelope[0], zmq.Frame) else envelope[0]
-            self._reply(peer, Error(code="bad_message", field=err.field[:512], message=str(err)[:4096],
-                                    request_id=episode_id))
+            self._reply(frame_bytes(envelope[0]), bad_message(err, request_id=episode_id))
 
     def _reply(self, peer: bytes, msg: Any) -> None:
         try:
@@ -155,21 +148,8 @@ class TrajectoryReceiver:
         except (zmq.Again, zmq.ZMQError):  # peer gone or its queue full: it will resend
             self.stats["acks_dropped"] += 1
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sock.close(0)
-        if self._auth is not None:
-            self._auth.stop()
-        self._ctx.term()
+    def _release(self) -> None:
         self.spool.close()
-
-    def __enter__(self) -> "TrajectoryReceiver":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _episode_id_of(header: zmq.Frame, limits: Limits) -> str:
@@ -194,7 +174,7 @@ class _Item:
         self.sends = 0
 
 
-class TrajectoryOutbox:
+class TrajectoryOutbox(ClosesOnExit):
     """Actor-side end of the acked trajectory channel (a background thread owns the socket).
 
     Args:
@@ -227,13 +207,7 @@ class TrajectoryOutbox:
                                  sndhwm=window + 16, rcvhwm=hwm_for(64 << 20, 64 << 10))
         self._sock.immediate = True  # no queueing towards a learner that is not connected: resend later
         self._sock.connect(endpoint)
-        self._wake_addr = f"inproc://outbox-wake-{id(self)}"
-        self._wake_rx = self._ctx.socket(zmq.PULL)
-        self._wake_rx.bind(self._wake_addr)
-        self._wake_tx = self._ctx.socket(zmq.PUSH)
-        self._wake_tx.sndhwm = 1
-        self._wake_tx.connect(self._wake_addr)
-        self._wake_lock = threading.Lock()
+        self._wakeup = WakePipe(self._ctx, "outbox")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"outbox-{actor_id}", daemon=True)
         self._thread.start()
@@ -267,25 +241,17 @@ class TrajectoryOutbox:
             return self._changed.wait_for(lambda: not self._unsent and not self._in_flight, timeout=timeout_s)
 
     def _wake(self) -> None:
-        with self._wake_lock:
-            try:
-                self._wake_tx.send(b"", zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # a wake-up is already queued
+        self._wakeup.wake()
 
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
+        poller.register(self._wakeup.rx, zmq.POLLIN)
         while not self._stop.is_set():
             timeout_ms = self._next_timer_ms()
             events = dict(poller.poll(timeout_ms))
-            if self._wake_rx in events:
-                while True:
-                    try:
-                        self._wake_rx.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            if self._wakeup.rx in events:
+                self._wakeup.drain()
             if self._sock in events:
                 self._read_replies()
             self._send_due()
@@ -365,12 +331,6 @@ class TrajectoryOutbox:
         self._stop.set()
         self._wake()
         self._thread.join()
-        for s in (self._sock, self._wake_rx, self._wake_tx):
-            s.close(0)
+        self._sock.close(0)
+        self._wakeup.close()
         self._ctx.term()
-
-    def __enter__(self) -> "TrajectoryOutbox":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

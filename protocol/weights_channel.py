@@ -37,7 +37,8 @@ from protocol.auth import CurveClient, CurveServer
 from protocol.codec import DTYPES, Limits, decode, dtype_name, encode
 from protocol.errors import ProtocolError
 from protocol.handshake import Error, Heartbeat, Hello
-from protocol.sockets import make_socket, recv_frames, send_frames, send_message
+from protocol.sockets import (ClosesOnExit, RouterServer, bad_message, frame_bytes, make_socket, recv_frames, send_frames,
+                              send_message)
 from protocol.checksum import crc32
 from protocol.weights import (WeightsChunk, WeightsChunkRequest, WeightsManifest, WeightsRequest,
                               build_manifest, plan_layout)
@@ -56,7 +57,7 @@ def fetch_limits(max_chunk_bytes: int) -> Limits:
                   max_message_bytes=max_chunk_bytes + (64 << 20))
 
 
-class WeightsPublisher:
+class WeightsPublisher(RouterServer):
     """Learner-side weights service.
 
     Args:
@@ -88,16 +89,9 @@ class WeightsPublisher:
         self._retiring: list[np.ndarray] = []  # chunk buffers of retired versions, reusable once released
         self._trackers: dict[int, list[zmq.MessageTracker]] = {}  # id(buffer) -> sends not yet released
         self._workers = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1)))
-        self._ctx = zmq.Context()
-        self._auth = curve.start_authenticator(self._ctx) if curve else None
         # ZeroMQ learns of reads in batches of about half the HWM, so a pipe looks fuller than it is:
         # twice the credit keeps a well-behaved actor from ever seeing a drop.
-        self._sock = make_socket(self._ctx, zmq.ROUTER, limits=REQUEST_LIMITS, curve=curve,
-                                 sndhwm=2 * max_credit + 4, rcvhwm=10_000)
-        self._sock.bind(endpoint)
-        self.endpoint = self._sock.last_endpoint.decode()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._bind_router(endpoint, limits=REQUEST_LIMITS, curve=curve, sndhwm=2 * max_credit + 4, rcvhwm=10_000)
 
     @property
     def newest_version(self) -> int | None:
@@ -244,24 +238,10 @@ class WeightsPublisher:
         self.stats["bad_messages"] += 1
         log.warning("weights publisher: bad message: %s", err)
         if envelope:
-            peer = envelope[0].bytes if isinstance(envelope[0], zmq.Frame) else envelope[0]
-            self._send(peer, Error(code="bad_message", field=err.field[:512], message=str(err)[:4096]))
+            self._send(frame_bytes(envelope[0]), bad_message(err))
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sock.close(0)
-        if self._auth is not None:
-            self._auth.stop()
-        self._ctx.term()
+    def _release(self) -> None:
         self._workers.shutdown()
-
-    def __enter__(self) -> "WeightsPublisher":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -337,7 +317,7 @@ def _check_and_place(data: np.ndarray, expected_len: int, crc: int, pieces: list
     return True
 
 
-class WeightsFetcher:
+class WeightsFetcher(ClosesOnExit):
     """Actor-side weights client (synchronous; one fetch at a time).
 
     Args:
@@ -539,9 +519,3 @@ class WeightsFetcher:
             self._pool.shutdown()
         self._sock.close(0)
         self._ctx.term()
-
-    def __enter__(self) -> "WeightsFetcher":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -44,7 +44,7 @@ def servers():
 
     yield make
     for s in made:
-        if s._loop_thread is not None and s._loop_thread.is_alive():
+        if s._thread is not None and s._thread.is_alive():
             s.close()
 
 
