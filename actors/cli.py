@@ -161,6 +161,7 @@ def run_cmd(
     from actors.weights import PolicyVersions, WeightsRefresher
     from learner.chat import ChatFormat
     from learner.hf_checkpoint import read_config
+    from protocol.auth import client_curve
     from protocol.trajectory_channel import TrajectoryOutbox
     from protocol.weights_channel import WeightsFetcher
 
@@ -172,11 +173,13 @@ def run_cmd(
     stages = _stages(cfg, actor_id, curve_secret_key, server_public_key)
     fmt = resolve_format(cfg.agent.solution_format, stages)
     sampler_config = cfg.sampler_config()
-    fetcher = WeightsFetcher(cfg.weights_endpoint, actor_id=actor_id)
+    learner_curve = client_curve(cfg.learner_curve_secret_key, cfg.learner_public_key, who="actor")
+    fetcher = WeightsFetcher(cfg.weights_endpoint, actor_id=actor_id, curve=learner_curve)
     lock = sampler_timing_lock(cfg.timing_lock, cfg.timing_lock_dir or None)
     refresher = WeightsRefresher(fetcher, lambda u: jax_policy_from_update(u, model_config, sampler_config, tok.decode,
                                                                            cfg.seed, timing_lock=lock))
-    outbox = TrajectoryOutbox(cfg.trajectories_endpoint, actor_id=actor_id, max_pending=cfg.max_pending_trajectories)
+    outbox = TrajectoryOutbox(cfg.trajectories_endpoint, actor_id=actor_id, max_pending=cfg.max_pending_trajectories,
+                              curve=learner_curve)
     actor = Actor(cfg, ChatFormat(tok), stages, PolicyVersions(), TrajectorySink(outbox, actor_id), fmt, refresher)
     console.print(f"actor {actor_id}: {len(task_list)} tasks, format {fmt}, learner {cfg.trajectories_endpoint} / "
                   f"{cfg.weights_endpoint}, sandbox {cfg.sandbox_endpoints}")

@@ -131,6 +131,11 @@ class ActorConfig:
     """The learner's trajectory receiver, e.g. "tcp://learner:5555" ("" = no learner: evaluation)."""
     weights_endpoint: str = ""
     """The learner's weights publisher, e.g. "tcp://learner:5556"."""
+    learner_curve_secret_key: str = ""
+    """This actor's CURVE secret key file for the learner's channels ("" = no CURVE; the learner requires it when
+    it binds beyond loopback: `cuda-agent learner keys DIR`)."""
+    learner_public_key: str = ""
+    """The learner's CURVE public key file (`server.key`), with `learner_curve_secret_key`."""
     sandbox_endpoints: str = "tcp://127.0.0.1:5557"
     """Comma-separated sandbox node endpoints."""
     max_pending_trajectories: int = 1024
@@ -161,6 +166,8 @@ class ActorConfig:
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
         _check(self.max_cache_len >= 0, "ActorConfig.max_cache_len must be >= 0")
+        _check(bool(self.learner_curve_secret_key) == bool(self.learner_public_key),
+               "ActorConfig.learner_curve_secret_key and learner_public_key go together (both or neither)")
         _check(self.timing_lock in ("auto", "on", "off"), f"ActorConfig.timing_lock must be auto, on or off, got "
                                                           f"{self.timing_lock!r}")
         for name in ("sampler_min_batch_bucket", "sampler_min_prompt_bucket", "sampler_decode_chunk_steps"):

@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     tok = Tokenizer.from_file(args.init)
     lcfg = learner_config(cfg, stage)
     svc = ServiceConfig(trajectories=args.trajectories, weights=args.weights, stage=stage, max_updates=spec.updates,
-                        time_budget_s=spec.time_budget_s)
+                        time_budget_s=spec.time_budget_s, curve=args.curve, curve_secret_key=args.curve_secret_key,
+                        curve_authorized_keys=args.curve_authorized_keys)
     policy_model = load_pretrained(args.init)
     critic_dir = Path(args.init) / "critic"
     critic_model = (load_critic(critic_dir) if (critic_dir / "config.json").exists()
@@ -179,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trajectories", required=True, help="bind address of the trajectory receiver")
     p.add_argument("--weights", required=True, help="bind address of the weights publisher")
     p.add_argument("--export-every", type=int, default=0, help="Hugging Face snapshot every N updates (evaluation)")
+    p.add_argument("--curve", default="auto", choices=("auto", "always", "never"),
+                   help="CURVE on both channels (auto: on when bound beyond loopback)")
+    p.add_argument("--curve-secret-key", default="", help="the learner's CURVE secret key file")
+    p.add_argument("--curve-authorized-keys", default="", help="folder of the actors' public key files")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -40,8 +40,14 @@ def serve(
     max_updates: int = typer.Option(0, help="stop after N updates (0 = until stopped)"),
     time_budget_s: float = typer.Option(0.0, help="stop after S seconds (0 = no limit)"),
     publish_dtype: Optional[str] = typer.Option(None, help="float32 or bfloat16 (default: parameter dtype)"),
+    curve: str = typer.Option("auto", help="CURVE on both channels: auto (on beyond loopback), always, never"),
+    curve_secret_key: str = typer.Option("", help="the learner's CURVE secret key file (server.key_secret)"),
+    curve_authorized_keys: str = typer.Option("", help="folder of the actors' authorised public key files"),
 ) -> None:
-    """Serve PPO for actors: acked trajectories in, weights out, checkpoints and metrics in RUN_DIR."""
+    """Serve PPO for actors: acked trajectories in, weights out, checkpoints and metrics in RUN_DIR.
+
+    Bound beyond loopback (the default tcp://*:5555 / :5556), both channels require CURVE keys (make them with
+    `cuda-agent learner keys DIR`), unless --curve never."""
     from cuda_agent.config import ConfigError, load_config
     from learner.config import LearnerConfig, ServiceConfig
 
@@ -49,8 +55,14 @@ def serve(
     try:
         cfg = load_config(LearnerConfig, config, set_ or [])
         svc = ServiceConfig(trajectories=trajectories, weights=weights, stage=stage, max_updates=max_updates,
-                            time_budget_s=time_budget_s, publish_dtype=publish_dtype)
-    except (ConfigError, ValueError) as e:
+                            time_budget_s=time_budget_s, publish_dtype=publish_dtype, curve=curve,
+                            curve_secret_key=curve_secret_key, curve_authorized_keys=curve_authorized_keys)
+        from protocol.auth import server_curve  # the key check before the model is loaded
+
+        for ep in (trajectories, weights):
+            server_curve(ep, curve, curve_secret_key, curve_authorized_keys, who="learner",
+                         init_hint="`cuda-agent learner keys DIR`")
+    except (ConfigError, ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None
     from cuda_agent.config import to_yaml
     from learner.hf_checkpoint import load_critic, load_pretrained
@@ -78,6 +90,22 @@ def serve(
     finally:
         service.close()
     raise typer.Exit(EXIT_STOPPED if status == STATUS_STOPPED else EXIT_DONE)
+
+
+@app.command()
+def keys(
+    directory: Path = typer.Argument(..., help="folder to write the keys into"),
+    actors: int = typer.Option(1, help="how many actor key pairs to make"),
+) -> None:
+    """Write CURVE keys for the learner and its actors, and print the settings each side takes."""
+    from protocol.auth import init_keys
+
+    paths = init_keys(directory, [f"actor{i}" for i in range(actors)])
+    typer.echo(f"learner: --curve-secret-key {paths['server_secret_key']} "
+               f"--curve-authorized-keys {paths['authorized_keys']}")
+    for i in range(actors):
+        typer.echo(f"actor{i}: --set learner_curve_secret_key={paths[f'client_actor{i}_secret_key']} "
+                   f"--set learner_public_key={paths['server_public_key']}")
 
 
 @app.command()

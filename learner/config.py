@@ -239,8 +239,16 @@ class ServiceConfig:
     """Cast weights to this dtype for the actors (float32 / bfloat16); None = the parameters' dtype."""
     read_timeout_s: float = 0.5
     """How long one poll of the spool waits for new trajectories."""
+    curve: str = "auto"
+    """CURVE on both channels: "auto" (on when an endpoint is reachable beyond loopback), "always", "never"."""
+    curve_secret_key: str = ""
+    """The learner's CURVE secret key file (`<dir>/server.key_secret`; `cuda-agent learner keys DIR` makes it)."""
+    curve_authorized_keys: str = ""
+    """Folder of the public key files of the actors allowed in."""
 
     def __post_init__(self):
+        _check(self.curve in ("auto", "always", "never"),
+               f"service curve must be one of ('auto', 'always', 'never'), got {self.curve!r}")
         _check(self.stage in ("single_turn_ppo", "multi_turn_ppo"),
                f"service stage must be single_turn_ppo or multi_turn_ppo, got {self.stage!r}")
         _check(self.max_updates >= 0 and self.time_budget_s >= 0, "max_updates and time_budget_s must be >= 0")

@@ -40,6 +40,7 @@ from learner.config import LearnerConfig, ServiceConfig
 from learner.metrics import MetricsLogger
 from learner.publish import AsyncWeightPublisher
 from learner.train_step import TrainState, create_train_state, ppo_update
+from protocol.auth import server_curve
 from protocol.spool import SpoolPosition
 from protocol.trajectory import Trajectory
 from protocol.trajectory_channel import TrajectoryReceiver
@@ -81,6 +82,11 @@ class LearnerService:
         on_update: Callable[["LearnerService", list, dict], None] | None = None,
     ):
         self.cfg, self.svc = cfg, svc
+        # refuse an unauthenticated bind beyond loopback before anything is built (protocol.auth.server_curve)
+        curves = [server_curve(ep, svc.curve, svc.curve_secret_key, svc.curve_authorized_keys, who="learner",
+                               init_hint="`cuda-agent learner keys DIR`")
+                  for ep in (svc.trajectories, svc.weights)]
+        self.curve_on = any(c is not None for c in curves)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
@@ -105,8 +111,9 @@ class LearnerService:
         self.buffer = TrajectoryBuffer(cfg.buffer_capacity, cfg.ppo.max_policy_lag)
         self.store = stages.StageStore(self.run_dir / "stages")
         self.metrics = MetricsLogger(self.run_dir / "metrics", enabled=jax.process_index() == 0)
-        self.receiver = TrajectoryReceiver(svc.trajectories, self.run_dir / "spool", learner_id=f"learner-{svc.stage}")
-        self.weights = WeightsPublisher(svc.weights, publisher_id=f"learner-{svc.stage}")
+        self.receiver = TrajectoryReceiver(svc.trajectories, self.run_dir / "spool", learner_id=f"learner-{svc.stage}",
+                                           curve=curves[0])
+        self.weights = WeightsPublisher(svc.weights, publisher_id=f"learner-{svc.stage}", curve=curves[1])
         self.publisher = AsyncWeightPublisher(self.weights, svc.publish_dtype)
         self._started = False
 

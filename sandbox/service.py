@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from protocol.auth import CurveServer, generate_keypair
+from protocol.auth import CURVE_MODES, CurveServer, is_loopback, server_curve
 from protocol.handshake import Error
 from protocol.rpc import RpcRequest, RpcServer
 from protocol.sandbox_jobs import SandboxJob, SandboxResult
@@ -159,8 +159,8 @@ class ServiceConfig:
                 raise ValueError(f"ServiceConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.timing_lock not in ("auto", "always", "never"):
             raise ValueError(f"ServiceConfig.timing_lock must be auto, always or never, got {self.timing_lock!r}")
-        if self.curve not in ("auto", "always", "never"):
-            raise ValueError(f"ServiceConfig.curve must be auto, always or never, got {self.curve!r}")
+        if self.curve not in CURVE_MODES:
+            raise ValueError(f"ServiceConfig.curve must be one of {CURVE_MODES}, got {self.curve!r}")
 
 
 class BadJob(ValueError):
@@ -170,14 +170,6 @@ class BadJob(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
-
-
-def is_loopback(endpoint: str) -> bool:
-    """True for ipc:// and inproc:// endpoints and tcp:// on 127.0.0.0/8, ::1 or localhost."""
-    if not endpoint.startswith("tcp://"):
-        return True
-    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def visible_gpus() -> list[str]:
@@ -332,18 +324,8 @@ class SandboxNode:
     # ------------------------------------------------------------------------------------------ set-up
     def _curve(self) -> CurveServer | None:
         cfg = self.cfg
-        local = is_loopback(cfg.endpoint)
-        if cfg.curve == "never" or (cfg.curve == "auto" and local):
-            if not local:
-                log.warning("sandbox node: %s is reachable beyond loopback WITHOUT authentication (curve=never)",
-                            cfg.endpoint)
-            return None
-        if not cfg.curve_secret_key or not cfg.curve_authorized_keys:
-            raise ValueError(f"sandbox node: binding {cfg.endpoint} beyond loopback needs CURVE keys: set "
-                             "curve_secret_key=<dir>/server.key_secret and curve_authorized_keys=<dir>/clients "
-                             "(`cuda-agent sandbox serve --init-keys DIR` makes them), or curve=never to serve "
-                             "without authentication")
-        return CurveServer(Path(cfg.curve_secret_key), Path(cfg.curve_authorized_keys))
+        return server_curve(cfg.endpoint, cfg.curve, cfg.curve_secret_key, cfg.curve_authorized_keys,
+                            who="sandbox node", init_hint="`cuda-agent sandbox serve --init-keys DIR`")
 
     def start(self) -> "SandboxNode":
         self.server.start()
@@ -696,20 +678,6 @@ class SandboxNode:
 
 
 # ---------------------------------------------------------------------------------------------- entry points
-def init_keys(directory: str | Path, clients: Sequence[str] = ("client",)) -> dict[str, str]:
-    """Make CURVE keys for a node and its clients under `directory`: server.key / server.key_secret, and
-    clients/<name>.key (the authorised public keys) with secrets in client-secrets/. Returns the paths."""
-    d = Path(directory)
-    pub, sec = generate_keypair(d, "server")
-    out = {"server_public_key": str(pub), "server_secret_key": str(sec), "authorized_keys": str(d / "clients")}
-    for name in clients:
-        cpub, csec = generate_keypair(d / "client-secrets", name)
-        (d / "clients").mkdir(parents=True, exist_ok=True)
-        (d / "clients" / cpub.name).write_bytes(cpub.read_bytes())
-        out[f"client_{name}_secret_key"] = str(csec)
-    return out
-
-
 def _return_freed_memory() -> None:
     """Fix glibc's mmap threshold at 256 KiB: a job's megabyte-sized files are then mmapped and given back to the
     OS when freed, instead of raising the dynamic threshold and staying in the heap (RSS creep under overload)."""

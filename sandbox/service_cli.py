@@ -33,7 +33,8 @@ def serve_cmd(
     import logging
 
     from cuda_agent.config import ConfigError, load_config
-    from sandbox.service import ServiceConfig, init_keys as make_keys, run_node
+    from protocol.auth import init_keys as make_keys
+    from sandbox.service import ServiceConfig, run_node
 
     if init_keys is not None:
         paths = make_keys(init_keys)

@@ -76,3 +76,21 @@ def test_serve_trains_and_checkpoints_on_sigterm(tmp_path):
     assert rows[0]["learner/update"] == 1 and rows[0]["reward/count"] == 8
     assert (run / "checkpoints" / "1").is_dir()  # written on SIGTERM (the periodic one is every 100 updates)
     assert (run / "learner_config.yaml").read_text().count("batch_trajectories: 8") == 1
+
+
+def test_keys_command_and_serve_refuses_an_unauthenticated_bind_beyond_loopback(tmp_path):
+    from typer.testing import CliRunner
+
+    from learner.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["keys", str(tmp_path / "keys"), "--actors", "2"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "keys" / "server.key_secret").is_file()
+    assert sorted(p.name for p in (tmp_path / "keys" / "clients").iterdir()) == ["actor0.key", "actor1.key"]
+    assert "learner_curve_secret_key=" in r.output and "--curve-authorized-keys" in r.output
+    # the defaults bind tcp://*:5555 / :5556: without keys it stops with a usage error before loading a model
+    r = runner.invoke(app, ["serve", "--init", str(tmp_path / "no-policy"), "--run-dir", str(tmp_path / "run")])
+    text = " ".join(r.output.replace("│", " ").split())  # rich's error box wraps lines
+    assert r.exit_code == 2 and "tcp://*:5555 beyond loopback needs CURVE keys" in text, r.output
+    assert not (tmp_path / "run").exists()

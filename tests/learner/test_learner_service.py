@@ -140,3 +140,41 @@ def test_async_publisher_skips_superseded_versions_and_casts(dtype):
     assert pub.stats["skipped"] == 5 - len(versions)
     want = "bfloat16" if dtype == "bfloat16" else "float32"
     assert set(sink.got[-1][1].values()) == {want}
+
+
+def test_service_beyond_loopback_needs_curve_and_admits_only_authorised_actors(tmp_path):
+    from protocol.auth import CurveClient, init_keys
+
+    beyond = dict(trajectories="tcp://*:*", weights="tcp://*:*", read_timeout_s=0.05)
+    with pytest.raises(ValueError, match="needs CURVE keys"):  # refused before anything binds
+        LearnerService(CFG, ServiceConfig(**beyond), tmp_path / "nokeys", make_policy(), make_critic())
+
+    keys = init_keys(tmp_path / "keys", ["actor0"])
+    stranger = init_keys(tmp_path / "other", ["actor0"])  # a key pair the learner never authorised
+    svc = LearnerService(CFG, ServiceConfig(**beyond, curve_secret_key=keys["server_secret_key"],
+                                            curve_authorized_keys=keys["authorized_keys"]),
+                         tmp_path / "run", make_policy(), make_critic())
+    assert svc.curve_on
+    svc.start()
+    try:
+        def local(ep: str) -> str:
+            return "tcp://127.0.0.1:" + ep.rsplit(":", 1)[1]
+
+        good = CurveClient(keys["client_actor0_secret_key"], keys["server_public_key"])
+        bad = CurveClient(stranger["client_actor0_secret_key"], keys["server_public_key"])
+        with WeightsFetcher(local(svc.weights.endpoint), actor_id="good", curve=good) as f:
+            assert f.fetch(timeout_s=30).version == 0
+        for curve in (bad, None):  # an unknown key, and no CURVE at all: nothing comes back
+            with WeightsFetcher(local(svc.weights.endpoint), actor_id="bad", curve=curve) as f:
+                with pytest.raises(TimeoutError):
+                    f.newest_manifest(timeout_s=2)
+        eps = _episodes(svc.policy, 2, 0, "c", seed=3)
+        with TrajectoryOutbox(local(svc.receiver.endpoint), actor_id="bad", curve=bad, resend_after_s=0.5) as out:
+            out.put(eps[0])
+            assert not out.flush(timeout_s=3)  # never acknowledged: the learner did not let it in
+        with TrajectoryOutbox(local(svc.receiver.endpoint), actor_id="good", curve=good) as out:
+            out.put(eps[1])
+            assert out.flush(timeout_s=60)
+        assert svc.receiver.stats["stored"] == 1
+    finally:
+        svc.close()

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from sandbox.client import SandboxClient, SandboxClientError
-from sandbox.service import init_keys
+from protocol.auth import init_keys
 from sandbox.stress import LocalNode
 
 from _svc_helpers import NODE, corpus, job

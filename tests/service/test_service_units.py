@@ -14,7 +14,8 @@ from protocol.handshake import Error
 from protocol.rpc import RpcClient, RpcServer
 from protocol.sandbox_jobs import SandboxJob, SandboxResult
 from sandbox.config import SandboxConfig
-from sandbox.service import (BadJob, SandboxNode, ServiceConfig, content_key, is_loopback, job_settings)
+from protocol.auth import is_loopback
+from sandbox.service import BadJob, SandboxNode, ServiceConfig, content_key, job_settings
 from sandbox.service_lock import DeviceTimingLock
 from sandbox.service_queue import JobQueue, QueuedJob, ResultStore
 from tasks.schema import Task
