@@ -290,3 +290,19 @@ def test_refresher_refuses_weights_that_do_not_fit_and_takes_the_next(tmp_path):
         publisher.publish(2, random_policy_tensors(cfg, seed=2))
         version, _model = refresher.poll()
         assert version == 2 == refresher.version and refresher.stats["fetched"] == 1
+
+
+def test_learner_curve_keys_go_together(tmp_path):
+    from actors.config import ActorConfig
+    from protocol.auth import client_curve, init_keys
+
+    with pytest.raises(ValueError, match="learner_curve_secret_key and learner_public_key"):
+        ActorConfig(learner_curve_secret_key="/k/actor0.key_secret")
+    assert client_curve("", "", who="actor") is None
+    keys = init_keys(tmp_path, ["actor0"])
+    cfg = ActorConfig(learner_curve_secret_key=keys["client_actor0_secret_key"],
+                      learner_public_key=keys["server_public_key"])
+    curve = client_curve(cfg.learner_curve_secret_key, cfg.learner_public_key, who="actor")
+    assert str(curve.server_public_key_file) == keys["server_public_key"]
+    with pytest.raises(FileNotFoundError, match="server_public_key_file"):
+        client_curve(keys["client_actor0_secret_key"], str(tmp_path / "missing.key"), who="actor")
