@@ -73,6 +73,7 @@ def _sane_eval(m: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the whole smoke run (several processes compiling): slow on a loaded 2-core box
 def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_path):
     run = tmp_path / "run"
     proc = _train(["--preset", "smoke", "--run-dir", str(run)])
@@ -138,6 +139,7 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_ctrl_c_leaves_a_checkpoint_and_resume_continues(tmp_path):
     run = tmp_path / "run"
     only_warm = ["stages.single_turn_ppo.enabled=false", "stages.multi_turn_ppo.enabled=false",
