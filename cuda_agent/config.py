@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -25,27 +26,36 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
     """Build a `schema` instance from its defaults, an optional YAML file and `key.sub=value` overrides.
 
     Raises:
-      ConfigError: unknown key, wrong type, malformed override, or a file that is not a YAML mapping.
+      ConfigError: a missing or unreadable file, a file that is not a YAML mapping, an unknown key, a wrong type,
+        or a malformed override; the message names the file or the override at fault.
       ValueError: from the dataclass's own validation (`__post_init__`).
     """
-    base = OmegaConf.structured(schema)
-    layers: list[Any] = [base]
+    merged = OmegaConf.structured(schema)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: no such config file")
+        try:
+            loaded = OmegaConf.load(p)
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{p}: not readable as YAML: {e}") from None
+        if not isinstance(loaded, type(merged)):
+            raise ConfigError(f"{p}: expected a YAML mapping at the top level")
+        try:
+            merged = OmegaConf.merge(merged, loaded)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"bad configuration in {p}: {e}") from None
+    for item in overrides:  # one at a time, so the error names the override at fault
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            raise ConfigError(f"bad override {item!r}: {e}") from None
     try:
-        if path is not None:
-            loaded = OmegaConf.load(Path(path))
-            if not isinstance(loaded, type(base)):
-                raise ConfigError(f"{path}: expected a YAML mapping at the top level")
-            layers.append(loaded)
-        if overrides:
-            for item in overrides:
-                if "=" not in item:
-                    raise ConfigError(f"override {item!r} is not of the form key=value")
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
-        where = f" in {path}" if path is not None else ""
-        raise ConfigError(f"bad configuration{where}: {e}") from None
+        raise ConfigError(f"bad configuration: {e}") from None
 
 
 def to_yaml(cfg: Any) -> str:

@@ -92,11 +92,15 @@ def resolve_device(device: str) -> str:
     return resolve_backend("auto")
 
 
+#: YAML files in configs/ that configure one component, not `cuda-agent train`.
+OTHER_PRESETS = ("learner",)
+
+
 def preset_path(name: str) -> Path:
     """configs/<name>.yaml. Raises typer.BadParameter listing the presets when it does not exist."""
+    known = sorted(x.stem for x in PRESETS_DIR.glob("*.yaml") if x.stem not in OTHER_PRESETS)
     p = PRESETS_DIR / f"{name}.yaml"
-    if not p.exists():
-        known = sorted(x.stem for x in PRESETS_DIR.glob("*.yaml"))
+    if name in OTHER_PRESETS or not p.exists():
         raise typer.BadParameter(f"unknown preset {name!r}; presets: {', '.join(known)}", param_hint="--preset")
     return p
 

@@ -29,6 +29,19 @@ def _check(ok: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def _at_least(spec: object, where: str, **lows: float) -> None:
+    """ValueError naming the key and its value for the first field of `spec` below its lower bound."""
+    for name, lo in lows.items():
+        value = getattr(spec, name)
+        _check(value >= lo, f"{where}.{name} must be >= {lo:g}, got {value!r}")
+
+
+def _positive(spec: object, where: str, *names: str) -> None:
+    for name in names:
+        value = getattr(spec, name)
+        _check(value > 0, f"{where}.{name} must be > 0, got {value!r}")
+
+
 @dataclasses.dataclass
 class ModelSpec:
     """The policy network. `scratch`: a small Qwen2-layout transformer initialised at random with the fields
@@ -93,7 +106,7 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         _check(self.format in ("auto", "cpu", "cubin", "extension"), f"tasks.format: unknown {self.format!r}")
-        _check(self.max_train_tasks >= 0 and self.max_eval_tasks >= 0, "tasks.max_*_tasks must be >= 0")
+        _at_least(self, "tasks", max_train_tasks=0, max_eval_tasks=0)
 
 
 @dataclasses.dataclass
@@ -114,8 +127,8 @@ class WarmStartSpec:
     """Demonstration variants used."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 0 and self.batch_rows >= 1 and self.max_seq_len >= 16, "warm_start: bad sizes")
-        _check(self.time_budget_s > 0 and self.lr >= 0, "warm_start: time_budget_s > 0 and lr >= 0")
+        _at_least(self, "stages.warm_start", steps=0, batch_rows=1, max_seq_len=16, lr=0, warmup_steps=0)
+        _positive(self, "stages.warm_start", "time_budget_s")
 
 
 @dataclasses.dataclass
@@ -137,8 +150,10 @@ class PPOStageSpec:
     time_budget_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _check(self.updates >= 0 and self.episodes_per_update >= 1 and self.max_turns >= 1, "ppo stage: bad sizes")
-        _check(self.time_budget_s > 0, "ppo stage: time_budget_s must be > 0")
+        where = "stages.<single_turn_ppo|multi_turn_ppo>"
+        _at_least(self, where, updates=0, episodes_per_update=1, max_turns=1, max_new_tokens_per_turn=1,
+                  max_context_tokens=2, temperature=0, lr=0, critic_lr=0)
+        _positive(self, where, "time_budget_s")
 
 
 @dataclasses.dataclass
@@ -153,6 +168,10 @@ class RFTSpec:
     lr: float = 1e-3
     time_budget_s: float = 300.0
 
+    def __post_init__(self) -> None:
+        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0)
+        _positive(self, "stages.rft", "time_budget_s")
+
 
 @dataclasses.dataclass
 class ValuePretrainSpec:
@@ -163,6 +182,10 @@ class ValuePretrainSpec:
     batch_rows: int = 8
     lr: float = 1e-3
     time_budget_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _at_least(self, "stages.value_pretrain", steps=0, batch_rows=1, lr=0)
+        _positive(self, "stages.value_pretrain", "time_budget_s")
 
 
 @dataclasses.dataclass
@@ -198,7 +221,9 @@ class EvalSpec:
     timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        _check(self.every_updates >= 0 and self.samples_per_task >= 1, "eval: every_updates >= 0, samples >= 1")
+        _at_least(self, "eval", every_updates=0, samples_per_task=1, max_turns=1, temperature=0,
+                  max_new_tokens_per_turn=1, max_context_tokens=2, on_train_tasks=0)
+        _positive(self, "eval", "timeout_s")
         _check(self.mode in EVAL_MODES, f"eval.mode must be one of {EVAL_MODES}, got {self.mode!r}")
 
 

@@ -42,3 +42,17 @@ def test_unknown_key_and_bad_type_are_named(tmp_path):
 def test_validation_runs():
     with pytest.raises(ValueError, match="workers must be >= 1"):
         load_config(_Cfg, None, ["workers=0"])
+
+
+def test_missing_and_malformed_files_and_the_override_at_fault_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(_Cfg, tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not readable as YAML"):
+        load_config(_Cfg, bad)
+    good = tmp_path / "good.yaml"
+    good.write_text("workers: 3\n")
+    with pytest.raises(ConfigError, match="bad override 'nope=1'") as e:
+        load_config(_Cfg, good, ["name=x", "nope=1"])
+    assert "good.yaml" not in str(e.value)  # the file is fine: the override is blamed, not the preset
