@@ -6,7 +6,8 @@ TASK: a task folder (model.py [+ task.json]), a reference .py file or a .json ta
 SOLUTION: a solution folder (model_new.py [+ kernels/]) or a single model_new.py-style file.
 Folder mode: TASK a folder of tasks and SOLUTION a folder of solutions named by task id (folder or <id>.py);
 every pair is evaluated and a table printed. Exit code 0 whenever candidates were evaluated (whatever their
-reward), 2 for usage errors (missing files, a format the backend cannot run, bad config).
+reward), 2 for usage errors (missing files, a task whose reference is not a valid task - checked statically before
+anything is built -, a format the backend cannot run, bad config).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def eval_cmd(
     from sandbox.config import SandboxConfig
     from sandbox.evaluator import Evaluator, check_format, resolve_backend
     from sandbox.files import guess_format, load_solution, load_task
+    from tasks.validate import check_static
 
     if not task.exists():
         raise typer.BadParameter(f"{task} does not exist", param_hint="TASK")
@@ -122,6 +124,7 @@ def eval_cmd(
     for tp, sp in pairs:
         try:
             t = load_task(tp)
+            check_static(t.reference, str(tp))  # no Model / get_inputs, a syntax error: the task is at fault
             files = load_solution(sp)
         except (OSError, ValueError) as e:
             raise typer.BadParameter(str(e)) from None

@@ -43,3 +43,12 @@ def test_usage_errors_exit_non_zero(tmp_path):
     r = runner.invoke(app, ["sandbox", "eval", str(CORPUS / "cumsum"), str(CORPUS / "cumsum" / "cpu" / "fast"),
                             "--backend", "cpu", "--set", "reps=0"])
     assert r.exit_code != 0
+
+
+def test_an_invalid_task_is_a_usage_error_before_anything_is_built(tmp_path):
+    task = tmp_path / "no_model"
+    task.mkdir()
+    (task / "model.py").write_text("import torch\n\ndef get_inputs():\n    return [torch.randn(4)]\n")
+    r = runner.invoke(app, ["sandbox", "eval", str(task), str(CORPUS / "cumsum" / "cpu" / "fast"), *_args(tmp_path)])
+    assert r.exit_code == 2 and "no_model" in r.output, r.output
+    assert not (tmp_path / "cache").exists()  # refused before the evaluator started
