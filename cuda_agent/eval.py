@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -108,6 +108,22 @@ class _Progress:
                 logging.getLogger("cuda_agent.eval").info("%d/%d episodes: %s", self.done, self.total, stats)
 
 
+def eval_actor_config(*, seed: int, concurrent_episodes: int, mode: str, max_turns: int, temperature: float,
+                      max_new_tokens: int, max_context_tokens: int, fmt: str, actor_overrides: Sequence[str] = ()):
+    """The `actors.config.ActorConfig` of an evaluation actor. Raises ConfigError / ValueError (naming the field)
+    for a bad setting, so a caller can refuse it before any process starts."""
+    from actors.config import ActorConfig
+
+    from cuda_agent.config import load_config
+
+    return load_config(ActorConfig, None, [
+        f"seed={seed}", f"concurrent_episodes={concurrent_episodes}", f"max_batch={max(concurrent_episodes, 1)}",
+        f"agent.mode={mode}", f"agent.max_turns={1 if mode == 'single_turn' else max_turns}",
+        f"agent.temperature={temperature}", f"agent.max_new_tokens_per_turn={max_new_tokens}",
+        f"agent.max_context_tokens={max_context_tokens}", f"agent.solution_format={fmt}", "stages.priority=0",
+        "actor_id=eval", *actor_overrides])
+
+
 def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], checkpoint: Optional[Path] = None,
                    openai_url: Optional[str] = None, openai_model: Optional[str] = None, api_key: Optional[str] = None,
                    tokenizer: Optional[Path] = None, samples: int = 1, mode: str = "single_turn", max_turns: int = 3,
@@ -120,13 +136,11 @@ def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], 
     Raises ValueError for a bad policy choice, RuntimeError when no sandbox node answers.
     """
     from actors.actor import Actor, ResultWriter, repeat_tasks, run_actor
-    from actors.config import ActorConfig
     from actors.sandbox_stages import SandboxStages
     from actors.weights import PolicyVersions
     from learner.chat import ChatFormat
     from sandbox.client import SandboxClient
 
-    from cuda_agent.config import load_config
     from cuda_agent.kb_metrics import (environment, episode_rates, kernelbench_metrics, sample_from_result_row,
                                        write_report)
 
@@ -135,12 +149,9 @@ def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], 
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "episodes.jsonl"
     results.unlink(missing_ok=True)
-    cfg = load_config(ActorConfig, None, [
-        f"seed={seed}", f"concurrent_episodes={concurrent_episodes}", f"max_batch={max(concurrent_episodes, 1)}",
-        f"agent.mode={mode}", f"agent.max_turns={1 if mode == 'single_turn' else max_turns}",
-        f"agent.temperature={temperature}", f"agent.max_new_tokens_per_turn={max_new_tokens}",
-        f"agent.max_context_tokens={max_context_tokens}", f"agent.solution_format={fmt}", "stages.priority=0",
-        "actor_id=eval", *actor_overrides])
+    cfg = eval_actor_config(seed=seed, concurrent_episodes=concurrent_episodes, mode=mode, max_turns=max_turns,
+                            temperature=temperature, max_new_tokens=max_new_tokens,
+                            max_context_tokens=max_context_tokens, fmt=fmt, actor_overrides=actor_overrides)
     tok = _tokenizer_for(checkpoint, tokenizer)
     chat = ChatFormat(tok)
     if checkpoint is not None:
@@ -243,6 +254,19 @@ def eval_cmd(
         key = os.environ.get(api_key_env)
         if not key:
             raise typer.BadParameter(f"environment variable {api_key_env} is not set")
+    # every setting is checked before a sandbox node starts or a folder is made
+    if samples < 1:
+        raise typer.BadParameter(f"must be >= 1, got {samples}", param_hint="--samples")
+    if checkpoint is not None and not (checkpoint / "config.json").is_file():
+        raise typer.BadParameter(f"{checkpoint}: not a checkpoint folder (no config.json)", param_hint="--checkpoint")
+    from cuda_agent.config import ConfigError
+
+    try:
+        eval_actor_config(seed=seed, concurrent_episodes=concurrency, mode="multi_turn" if multi_turn else "single_turn",
+                          max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens,
+                          max_context_tokens=max_context_tokens, fmt=fmt, actor_overrides=list(overrides or []))
+    except (ConfigError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
     from sandbox.evaluator import resolve_backend
 
     device = resolve_backend("auto")

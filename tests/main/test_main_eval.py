@@ -124,3 +124,29 @@ def test_sandbox_eval_folder_mode_prints_the_same_metrics(tmp_path):
     assert m["overall"]["samples"] == 2 and m["overall"]["pass_rate"] == pytest.approx(0.5)
     # per level: cumsum is a level-1 task (correct kernel), row_stats a level-2 one (wrong kernel)
     assert m["levels"]["1"]["pass_rate"] == 1.0 and m["levels"]["2"]["pass_rate"] == 0.0
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--samples", "0"], "--samples"),
+    (["--format", "bogus"], "solution_format"),
+    (["agent.nosuch=1"], "nosuch"),
+    (["--temperature", "-1"], "temperature"),
+])
+def test_eval_refuses_bad_settings_before_starting_anything(tmp_path, args, named):
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import _mount, app
+
+    _mount()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    def text(r) -> str:  # rich's error box wraps lines
+        return " ".join(r.output.replace("│", " ").split())
+
+    r = CliRunner().invoke(app, ["eval", "--checkpoint", str(ckpt), "--out", str(out), *args])
+    assert r.exit_code == 2 and named in text(r), r.output
+    assert not out.exists()  # no node started, no run folder made
+    r = CliRunner().invoke(app, ["eval", "--checkpoint", str(tmp_path / "absent"), "--out", str(out)])
+    assert r.exit_code == 2 and "not a checkpoint folder" in text(r) and not out.exists()
