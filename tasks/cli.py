@@ -84,8 +84,12 @@ def list_(
     filter: Optional[str] = typer.Option(None, "--filter", "-f", help="Keep tasks whose id, name, category or operators contain this text."),
     source: Optional[Path] = typer.Option(None, "--from", help="List this file/folder instead of the library and built-in set."),
     category: Optional[str] = typer.Option(None, help="Only this category."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line (id, name, source, level, "
+                                 "category, operators, shape_params) instead of a table."),
 ) -> None:
     """List tasks (id, name, source, level, category, operators, shape parameters)."""
+    import json
+
     from tasks.loaders import LoaderError
 
     try:
@@ -98,6 +102,12 @@ def list_(
                  or any(f in op.lower() for op in t.operators)]
     if category:
         tasks = [t for t in tasks if t.category == category]
+    if as_json:
+        for t in tasks:
+            typer.echo(json.dumps({"id": t.id, "name": t.name, "source": t.source, "level": t.level,
+                                   "category": t.category, "operators": list(t.operators),
+                                   "shape_params": dict(t.shape_params)}))
+        return
     table = Table(title=f"{len(tasks)} task(s)")
     table.add_column("id", no_wrap=True)
     for col in ("name", "source", "level", "category", "operators", "shape params"):
@@ -105,7 +115,8 @@ def list_(
     for t in tasks:
         table.add_row(t.id, t.name, t.source, str(t.level), t.category or "-", " > ".join(t.operators) or "-",
                       ", ".join(f"{k}={v}" for k, v in t.shape_params.items()) or "-")
-    console.print(table)
+    out = console if console.is_terminal else Console(width=200)  # piped: room for every column
+    out.print(table)
 
 
 @app.command("show")

@@ -1,5 +1,7 @@
 """`cuda-agent tasks import / list / show` through the real Typer app."""
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -25,6 +27,10 @@ def test_import_list_show(run, kb_fixture, tmp_path):
     assert "imported 9 task(s)" in r.output and (tmp_path / "lib.jsonl").exists()
     r = run("list", "--filter", "conv", "--from", tmp_path / "lib.jsonl")
     assert r.exit_code == 0 and "2 task(s)" in r.output and "kb_l2_1_conv2d_relu_biasadd" in r.output
+    r = run("list", "--filter", "conv", "--from", tmp_path / "lib.jsonl", "--json")
+    rows = [json.loads(line) for line in r.output.splitlines()]
+    assert r.exit_code == 0 and len(rows) == 2 and "kb_l2_1_conv2d_relu_biasadd" in {x["id"] for x in rows}
+    assert all(set(x) == {"id", "name", "source", "level", "category", "operators", "shape_params"} for x in rows)
     r = run("show", "kb_l1_19_relu")
     assert r.exit_code == 0 and "torch.relu(x)" in r.output and "activation" in r.output
     r = run("show", "relu")
