@@ -65,11 +65,17 @@ class Sample:
                 raise ValueError(f"Sample {self.task_id}: {name} must be a positive finite number or None, got {v!r}")
 
 
+#: Status of a sample whose episode never wrote model_new.py.
+NO_SOLUTION = "no_solution"
+
+
 def sample_from_result_row(row: Mapping[str, Any]) -> Sample:
     """A Sample from an actor result row (`actors.episode.Episode.result_row`): the final evaluation's summary
     under "final" decides correctness and speed-ups. Raises ValueError when `task_id` is missing."""
     final = row.get("final") or {}
     status = str(final.get("status", row.get("status", "")))
+    if "files" in row and "model_new.py" not in (row.get("files") or {}):
+        status = NO_SOLUTION  # the episode ended without writing a solution (the sandbox calls that a build error)
     correct = status == "ok"
     return Sample(task_id=str(row.get("task_id", "")), level=int(row.get("level", 0) or 0), correct=correct,
                   speedup_eager=_pos(final.get("speedup_eager")) if correct else None,
@@ -232,6 +238,7 @@ def rich_table(metrics: Mapping[str, Any], title: str = "KernelBench metrics", e
     caption = None
     if env:
         caption = f"{env.get('device', '?')}, torch {env.get('torch', '?')}"
+    caption = _LEGEND if caption is None else f"{caption}. {_LEGEND}"
     t = Table(title=title, caption=caption, caption_justify="left")
     t.add_column("group")
     for h in _HEAD:

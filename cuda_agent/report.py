@@ -280,8 +280,11 @@ def build_report(run_dir: str | Path) -> Path:
               "demonstrations.", "",
               "Before a small model passes at all, three earlier figures show what it has learned: the share of "
               "episodes with a well-formed tool call, whose workspace holds a model_new.py, and whose solution "
-              "built.", "",
-              "| point | split | after updates | samples | mean reward | pass rate | > eager | > compile | "
+              "built. A model trained from scratch for minutes (the smoke preset) is expected to score -1 "
+              "everywhere; see benchmarks/RESULTS.md for what the default preset reaches.", "",
+              "\"after step\": the run's cumulative training steps when the evaluated policy was saved (optimiser "
+              "steps of the supervised stages 0, 2 and 3 plus PPO updates of stages 1 and 4).", "",
+              "| point | split | after step | samples | mean reward | pass rate | > eager | > compile | "
               "geomean vs eager | tool call | wrote model_new.py | built |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in points:

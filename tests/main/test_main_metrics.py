@@ -66,6 +66,13 @@ def test_samples_from_actor_rows_and_sandbox_results():
     assert (s.correct, s.level, s.speedup_eager, s.speedup_compile, s.reward) == (True, 2, 1.3, 0.9, 1.0)
     bad = sample_from_result_row({"task_id": "t2", "reward": -1.0, "status": "policy_error", "final": None})
     assert not bad.correct and bad.speedup_eager is None and bad.status == "policy_error"
+    # an episode that never wrote model_new.py (the sandbox reports a build error for the empty workspace)
+    empty = sample_from_result_row({"task_id": "t5", "reward": -1.0, "status": "finished", "files": {},
+                                    "final": {"status": "compile_error", "reward": -1.0}})
+    assert not empty.correct and empty.status == "no_solution"
+    built = sample_from_result_row({"task_id": "t6", "reward": -1.0, "status": "finished",
+                                    "files": {"model_new.py": "x"}, "final": {"status": "compile_error"}})
+    assert built.status == "compile_error"
     from sandbox.result import Distribution, EvalResult, SpeedUp, TimingStats
 
     d = Distribution(1.0, 0.1, 0.9, 1.0, 5)
