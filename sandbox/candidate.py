@@ -67,7 +67,8 @@ def _overlaps(a, b) -> bool:
 
 
 class Worker:
-    def __init__(self, ws: str, device: str, fmt: str, flush_bytes: int = 0, monitor: bool = True):
+    def __init__(self, ws: str, device: str, fmt: str, flush_bytes: int = 0, monitor: bool = True,
+                 shm: Any = None):
         import torch
 
         from sandbox import runtime
@@ -86,6 +87,7 @@ class Worker:
         self.inputs: tuple = ()
         self.cuda = device.startswith("cuda")
         self.io = os.path.join(ws, ".io")  # large tensors travel as files here (sandbox.wire spill)
+        self.shm = shm  # the read-only input segment (sandbox.shm.InputMapping), or None
         # Trusted pieces, built before any candidate code exists (sandbox.integrity, sandbox.timing).
         self.runtime = runtime
         self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None)
@@ -107,7 +109,8 @@ class Worker:
             "ComputeGuard.__init__": (guard_mod.ComputeGuard, "__init__"), "sandbox.guard._DISPATCH": (guard_mod, "_DISPATCH"),
             "Worker._call": (W, "_call"), "Worker._check_outputs": (W, "_check_outputs"),
             "Worker._integrity": (W, "_integrity"), "Worker.run": (W, "run"), "Worker.time": (W, "time"),
-            "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"),
+            "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"), "Worker.stage": (W, "stage"),
+            "Worker._private": (W, "_private"), "Worker._in_shm": (W, "_in_shm"), "Worker._drop_rep": (W, "_drop_rep"),
             "Monitor._hook": (Monitor, "_hook"), "Monitor._judge": (Monitor, "_judge"),
             "Monitor._is_candidate": (Monitor, "_is_candidate"),
             "integrity.python_threads_in_workspace": (integrity, "python_threads_in_workspace"),
@@ -228,6 +231,22 @@ class Worker:
                             "import-time or foreign tensor)")
         return viol
 
+    def _in_shm(self, t: Any) -> bool:
+        return self.shm is not None and isinstance(t, self.torch.Tensor) and self.shm.owns(t)
+
+    def _private(self, v: Any) -> Any:
+        """v on this worker's device, segment views copied into private memory (forward may not write them)."""
+        torch = self.torch
+        if isinstance(v, torch.Tensor):
+            if self._in_shm(v):
+                return v.to(self.device) if self.cuda else v.clone()
+            return v.to(self.device)
+        if isinstance(v, list):
+            return [self._private(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(self._private(x) for x in v)
+        return v
+
     def _launches(self) -> dict[str, int]:
         return dict(self.runtime.launch_counts)
 
@@ -236,8 +255,13 @@ class Worker:
         from sandbox.integrity import python_threads_in_workspace
 
         torch = self.torch
-        self.inputs = tuple(self._to_device(wire.decode_value(msg["inputs"], self.io)))
-        before = [t.clone() for t in _tensors(self.inputs)]
+        received = wire.decode_value(msg["inputs"], self.io, self.shm)
+        # forward gets private copies; the pristine inputs to check them against afterwards are the read-only
+        # segment views themselves where they are on this device (no second copy), else clones
+        self.inputs = tuple(self._private(received))
+        pristine = _tensors(received)
+        before = [p if self._in_shm(p) and p.device == t.device else t.clone()
+                  for p, t in zip(pristine, _tensors(self.inputs))]
         launches0 = self._launches()
         viol: list[str] = []
         try:
@@ -294,7 +318,8 @@ class Worker:
         params |= {b.untyped_storage().data_ptr() for b in self.model.buffers()} if self.model is not None else set()
         for grp in groups:
             for t in grp:
-                if isinstance(t, self.torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in params:
+                if isinstance(t, self.torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in params \
+                        and not self._in_shm(t):  # the segment is read-only here (the trusted side rewrites it)
                     try:
                         poison_(t)
                     except RuntimeError:
@@ -305,7 +330,9 @@ class Worker:
         from sandbox import wire
 
         self._drop_rep()
-        sets = wire.decode_value(msg["input_sets"], self.io)
+        sets = wire.decode_value(msg["input_sets"], self.io, self.shm)
+        # on the CPU the timed calls read the read-only segment views in place (no copy); on a GPU they are copied
+        # to the device here, untimed
         self.staged = [tuple(self._to_device(s)) for s in sets]
         if self.cuda:
             self.torch.cuda.synchronize()
@@ -446,8 +473,9 @@ def preload(threads: int) -> None:
     del x
 
 
-def serve(fd_in: int, fd_out: int, device: str, threads: int) -> None:
-    """Wait for `setup`, confine, then answer requests until `exit` or EOF. Never returns."""
+def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None = None) -> None:
+    """Wait for `setup`, confine, then answer requests until `exit` or EOF. Never returns. shm_fd: the memfd of the
+    input segment (sandbox.shm), sized and sealed by the trusted side before it sends `setup`."""
     import torch
 
     from sandbox import wire
@@ -481,8 +509,17 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int) -> None:
     sys.path.insert(0, ws)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+    mapping = None
+    if shm_fd is not None:
+        n = int(setup.get("shm_bytes", 0) or 0)
+        if n > 0:
+            from sandbox.shm import InputMapping
+
+            mapping = InputMapping(shm_fd, n)  # closes the fd: solution code finds no descriptor to it
+        else:
+            os.close(shm_fd)
     w = Worker(ws, device, setup.get("format", "cpu"), int(setup.get("flush_bytes", 0) or 0),
-               bool(setup.get("monitor", True)))
+               bool(setup.get("monitor", True)), mapping)
     wire.send(fd_out, {"ok": True, "nonce": setup.get("nonce")})
     handlers = {"load": w.load, "run": w.run, "time": w.time, "stage": w.stage, "sample": w.sample, "ping": w.ping}
     while True:
@@ -514,9 +551,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fd-out", type=int, required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--fd-shm", type=int, default=-1)
     a = ap.parse_args(argv)
     preload(a.threads)
-    serve(a.fd_in, a.fd_out, a.device, a.threads)
+    serve(a.fd_in, a.fd_out, a.device, a.threads, a.fd_shm if a.fd_shm >= 0 else None)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,13 @@ class SandboxConfig:
     fresh_calls_per_rep_max: int = 16
     """Profile: at most this many timed calls (each on its own fresh input set) per repetition; with per-call timing
     (CUDA events, perf_counter) more calls only add input generation and transfer."""
+    prefetch_input_bytes_max: int = 1024 * 1024 * 1024
+    """Profile: bytes of fresh input sets the trusted worker makes ahead, in a background thread, while the
+    candidate starts, loads and is verified (never while anything is timed: the thread is stopped first); sets past
+    this are made per repetition. 0 = make every set per repetition."""
+    shared_inputs: bool = True
+    """Send input sets to the candidate through a sealed shared-memory segment (sandbox.shm) instead of msgpack
+    bytes / spill files; off = always the wire."""
 
     build_only: bool = False
     """Stop after the static checks and the build (the agent's `compile` tool): status ok with reward 0 when it

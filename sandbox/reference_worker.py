@@ -43,14 +43,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sandbox import shm as shm_mod
 from sandbox import wire
 from sandbox.config import SandboxConfig
 from sandbox.jail import JailSpec, command_prefix, default_expose, set_rlimits
@@ -61,6 +64,7 @@ from sandbox.verify import compare, precision_shortfall
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
+_RNG_LOCK = threading.Lock()  # torch's global generator: seeding and get_inputs() of one set at a time
 SPARE_START_TIMEOUT_S = 300.0  # a spare candidate worker's own start (python + torch import), trusted work
 
 
@@ -103,8 +107,12 @@ class TaskState:
 
     def make_inputs(self, seed: int) -> list:
         """CPU input set for a seed (the candidate gets these tensors, never the seed)."""
-        torch.manual_seed(seed)
-        return list(self.module.get_inputs())
+        with _RNG_LOCK:
+            if self.device.startswith("cuda"):
+                torch.manual_seed(seed)  # every generator: get_inputs() may make tensors on the device
+            else:
+                torch.default_generator.manual_seed(seed)  # torch.manual_seed would also queue a CUDA seeding
+            return list(self.module.get_inputs())
 
     def to_device(self, v: Any) -> Any:
         if isinstance(v, torch.Tensor):
@@ -208,7 +216,7 @@ class Zygote:
             buf += chunk
         return buf.decode().strip()
 
-    def spawn(self, fd_in: int, fd_out: int, log_fd: int) -> int | None:
+    def spawn(self, fd_in: int, fd_out: int, log_fd: int, shm_fd: int | None = None) -> int | None:
         """Fork a candidate worker; its intermediate's pid, or None when the zygote cannot (use a slow start)."""
         import socket
 
@@ -219,7 +227,7 @@ class Zygote:
                 if self._line(SPARE_START_TIMEOUT_S) != "ready":
                     raise EOFError("zygote did not get ready")
                 self.ready = True
-            socket.send_fds(self.sock, [b"spawn"], [fd_in, fd_out, log_fd])
+            socket.send_fds(self.sock, [b"spawn"], [fd_in, fd_out, log_fd] + ([shm_fd] if shm_fd is not None else []))
             pid = int(self._line(30.0))
         except (OSError, EOFError, ValueError):
             self.broken = True
@@ -255,12 +263,17 @@ class CandidateProcess:
         r2, w2 = os.pipe()
         self.log = tempfile.TemporaryFile()
         self.proc: subprocess.Popen | None = None
-        pid = zygote.spawn(r1, w2, self.log.fileno()) if zygote is not None else None
+        # the input segment (sandbox.shm): handed over now, sized and sealed by run_job before `setup`
+        shm_fd = shm_mod.create_fd() if cfg.shared_inputs else None
+        self.shm = shm_mod.InputSegment(shm_fd) if shm_fd is not None else None
+        pid = zygote.spawn(r1, w2, self.log.fileno(), shm_fd) if zygote is not None else None
         if pid is not None:
             self.pid = pid
         else:
             argv = [sys.executable, "-m", "sandbox.candidate", "--fd-in", str(r1), "--fd-out", str(w2),
                     "--device", device, "--threads", str(cfg.cpu_threads)]
+            if shm_fd is not None:
+                argv += ["--fd-shm", str(shm_fd)]
             if namespaces:
                 argv = command_prefix() + argv
             rl = None if namespaces else _rlimits(cfg, device)
@@ -270,7 +283,8 @@ class CandidateProcess:
                 if rl:
                     set_rlimits(rl)
 
-            self.proc = subprocess.Popen(argv, pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=self.log,
+            self.proc = subprocess.Popen(argv, pass_fds=(r1, w2) + ((shm_fd,) if shm_fd is not None else ()),
+                                         stdin=subprocess.DEVNULL, stdout=self.log,
                                          stderr=subprocess.STDOUT, cwd="/", env=_worker_env(cfg),
                                          start_new_session=True, preexec_fn=preexec)
             self.pid = self.proc.pid
@@ -299,7 +313,26 @@ class CandidateProcess:
         rl = {} if jail is not None else _rlimits(self.cfg, self.device)
         return self.request({"op": "setup", "workspace": ws, "format": fmt, "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
-                             "monitor": self.cfg.runtime_monitor}, timeout_s)
+                             "monitor": self.cfg.runtime_monitor,
+                             "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s)
+
+    def size_inputs(self, nbytes: int) -> None:
+        """Size and seal the input segment (before `setup`); without one, or when that fails, inputs use the wire."""
+        if self.shm is None:
+            return
+        try:
+            self.shm.size(nbytes)
+        except (OSError, ValueError):
+            self.shm.close()
+            self.shm = None
+
+    def encode_inputs(self, v: Any, io: str) -> Any:
+        """The record of an input value for the next request: in the segment when it fits, else sandbox.wire."""
+        if self.shm is not None and self.shm.nbytes:
+            rec = self.shm.encode(v)
+            if rec is not None:
+                return rec
+        return wire.encode_value(v, io)
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -355,6 +388,9 @@ class CandidateProcess:
                 os.close(fd)
             except OSError:
                 pass
+        if self.shm is not None:
+            self.shm.close()
+            self.shm = None
         self.log.close()
 
 
@@ -503,6 +539,123 @@ def _nvml(device_index: int) -> dict[str, Any] | None:
         return None
 
 
+# ----------------------------------------------------------------------------------------------------- inputs ahead
+class Prefetch:
+    """Input sets (and the variant trials' reference outputs) made ahead by one background thread of the trusted
+    worker, while the candidate starts, loads and is verified, so that making fresh inputs for every timed call
+    costs little evaluation wall time.
+
+    What keeps it honest: the thread only runs trusted code (the task's get_inputs() from fresh secret seeds, the
+    reference model); nothing it makes reaches the candidate before the request that needs it; and `drain()`,
+    called before the first timed call, waits until it is idle and gone, so no background work ever overlaps a
+    timed region (the baselines' or the candidate's). Work not made ahead (past `prefetch_input_bytes_max`) is
+    made in the main thread, per repetition, as before.
+    """
+
+    def __init__(self, cuda: bool, device: str):
+        self.cuda = cuda
+        self.device = device
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="sandbox-inputs")
+        self._futures: list[Future] = []
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        if self._pool is None:
+            raise RuntimeError("Prefetch.submit after drain")
+        f = self._pool.submit(fn, *args)
+        self._futures.append(f)
+        return f
+
+    def drain(self) -> None:
+        """Wait for (or cancel) every job and stop the thread; afterwards nothing runs in the background."""
+        if self._pool is None:
+            return
+        self._pool.shutdown(wait=True, cancel_futures=False)
+        self._pool = None
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # device work the thread queued (scrubs) ends here too
+
+    def cancel(self) -> None:
+        """Drop what has not started; wait for the job in progress (an evaluation that ends early)."""
+        if self._pool is None:
+            return
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+
+
+def _value_variant_job(state: TaskState) -> tuple[float, list | None, Any, str]:
+    """(scale, inputs, reference outputs, skip reason) of the value-range trial (see _verify_value_variant)."""
+    rng = secrets.SystemRandom()
+    scale = 2.0 + 2.0 * rng.random()
+    x = [t * scale if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+         for t in state.make_inputs(secrets.randbits(62))]
+    try:
+        ref = state.reference_outputs(state.to_device(x))
+    except Exception as e:  # noqa: BLE001
+        return scale, None, None, f"value-range trial skipped: the reference fails on scaled inputs ({type(e).__name__})"
+    refs = [ref] if isinstance(ref, torch.Tensor) else [r for r in ref if isinstance(r, torch.Tensor)]
+    if any(r.is_floating_point() and not bool(torch.isfinite(r).all()) for r in refs):
+        return scale, None, None, "value-range trial skipped: the reference is not finite on scaled inputs"
+    return scale, x, ref, ""
+
+
+def _shape_variant_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", device: str, ov: dict,
+                       trials: int) -> tuple[TaskState | None, list, list, str]:
+    """(variant TaskState, inputs, reference outputs, skip reason) of one shape variant's trials."""
+    key = (job["reference_hash"], device, tuple(sorted(ov.items())))
+    try:
+        vs = cache.get(key)
+        if vs is None:
+            vs = TaskState(job["reference"], job["task_id"], device, ov)
+            cache[key] = vs
+        xs = [vs.make_inputs(secrets.randbits(62)) for _ in range(trials)]
+        refs = [vs.reference_outputs(vs.to_device(x)) for x in xs]
+    except Exception as e:  # noqa: BLE001 - the reference does not support these shapes: not the candidate's fault
+        return None, [], [], (f"shape variant {ov} skipped: the reference fails there "
+                              f"({type(e).__name__}: {str(e)[:120]})")
+    return vs, xs, refs, ""
+
+
+def _make_sets(state: TaskState, n: int) -> list:
+    return [state.make_inputs(secrets.randbits(62)) for _ in range(n)]
+
+
+class ProfilePlan:
+    """What the profile stage will need, decided in the reference stage: calls per repetition (from one timed eager
+    call) and the fresh input sets made ahead (futures, or None for sets made per repetition)."""
+
+    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, x_dev: list):
+        self.flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
+        timer = Timer(cuda, self.flush)
+
+        def eager(a: list) -> Any:
+            with torch.no_grad():
+                return state.model(*a)
+
+        self.one_ms = timer.run(eager, [x_dev])["ms_per_call"]
+        self.in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(x_dev)) or 1
+        self.calls = max(1, min(cfg.max_calls_per_rep, cfg.fresh_calls_per_rep_max,
+                                math.ceil(cfg.min_rep_ms / max(self.one_ms, 1e-6)),
+                                max(1, cfg.timed_input_bytes_max // self.in_bytes)))
+        self.warmup: Future | None = None
+        self.reps: list[Future | None] = [None] * cfg.reps
+
+    def segment_bytes(self, cfg: SandboxConfig, x_cpu: list) -> int:
+        """Bytes of the input segment: one repetition's sets (or the warm-up's, or one verification set)."""
+        per_set = shm_mod.tensor_bytes(x_cpu)
+        return per_set * max(1, self.calls, cfg.warmup_calls)
+
+    def prefetch(self, pf: Prefetch, state: TaskState, cfg: SandboxConfig) -> None:
+        budget = cfg.prefetch_input_bytes_max
+        if cfg.warmup_calls and budget >= cfg.warmup_calls * self.in_bytes:
+            self.warmup = pf.submit(_make_sets, state, cfg.warmup_calls)
+            budget -= cfg.warmup_calls * self.in_bytes
+        for r in range(cfg.reps):
+            if budget < self.calls * self.in_bytes:
+                break
+            self.reps[r] = pf.submit(_make_sets, state, self.calls)
+            budget -= self.calls * self.in_bytes
+
+
 # ----------------------------------------------------------------------------------------------------- one job
 def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig,
             spares: "WorkerPool") -> dict:
@@ -526,10 +679,18 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         inputs_cpu = [state.make_inputs(s) for s in seeds]
         inputs_dev = [state.to_device(x) for x in inputs_cpu]
         ref_outs = [state.reference_outputs(x) for x in inputs_dev]
+        plan = ProfilePlan(state, cfg, cuda, device, inputs_dev[0]) if cfg.profile else None
     except Exception as e:  # noqa: BLE001 - a broken reference is the sandbox's problem, not the candidate's
         out.update(status=Status.INTERNAL_ERROR.value, message=f"reference failed: {type(e).__name__}: {e}",
                    detail=traceback.format_exc()[-2000:])
         return out
+    # What the rest of the evaluation needs, made in the background from here on (Prefetch: never while timing).
+    pf = Prefetch(cuda, device)
+    value_job = pf.submit(_value_variant_job, state) if cfg.value_variant else None
+    shape_jobs = [(ov, pf.submit(_shape_variant_job, job, cache, device, ov, cfg.shape_variant_trials))
+                  for ov in job.get("shape_variants") or []]
+    if plan is not None:
+        plan.prefetch(pf, state, cfg)
     out["stage_ms"]["reference"] = (time.perf_counter() - t0) * 1e3
     jail = None
     if job.get("jail_uid") is not None:
@@ -538,6 +699,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     try:
         t1 = time.perf_counter()
         cand = spares.take(device, jail is not None)
+        cand.size_inputs(plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None
+                         else shm_mod.tensor_bytes(inputs_cpu[0]))
         ws = job["workspace"]
         io = os.path.join(ws, ".io")  # large tensors travel as files (sandbox.wire spill); made by the Evaluator
         env = {"HOME": ws, "TMPDIR": os.path.join(ws, ".tmp"), **(job.get("extra_env") or {})}
@@ -575,17 +738,17 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         prec = _precision_budget(cfg)
         evidence = Evidence(job.get("manifest"), fmt)
         for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
-            reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
+            reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
                          cfg.trial_timeout_s, f"trial {i}")
             evidence.add(reply, f"trial {i}")
             tr = _check_reply(reply, ref, atol, rtol, i, io, prec)
             out["trials"].append(tr.to_dict())
             if not tr.ok:
                 raise StageFailure(Status.INCORRECT, f"trial {i}: {tr.message}", _trial_violations(tr))
-        if cfg.value_variant:
-            _verify_value_variant(cand, state, cfg, atol, rtol, io, prec, evidence, out)
-        if job.get("shape_variants"):
-            _verify_shape_variants(cand, job, cache, state, cfg, device, atol, rtol, io, prec, evidence, out)
+        if value_job is not None:
+            _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
+        if shape_jobs:
+            _verify_shape_variants(cand, job, state, shape_jobs, cfg, atol, rtol, io, prec, evidence, out)
         out["log"].extend(evidence.summary())
         out["stage_ms"]["verify"] = (time.perf_counter() - t2) * 1e3
         if not cfg.profile:
@@ -593,7 +756,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             return out
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
-        timing = _profile(cand, state, cfg, cuda, device, atol, rtol, out, io, fmt, prec)
+        pf.drain()  # nothing runs in the background from here on: the profile times things
+        timing = _profile(cand, state, plan, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
         out["timing"] = timing.to_dict()
         out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
@@ -605,6 +769,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             out["detail"] = f.detail  # type: ignore[attr-defined]
         return out
     finally:
+        pf.cancel()
         if cand is not None:
             try:
                 wire.send(cand.fd_out, {"op": "exit"}, timeout_s=0.2)
@@ -703,25 +868,17 @@ class Evidence:
         return out
 
 
-def _verify_value_variant(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, atol: float, rtol: float,
+def _verify_value_variant(cand: CandidateProcess, made: tuple, cfg: SandboxConfig, atol: float, rtol: float,
                           io: str, prec: dict, evidence: Evidence, out: dict) -> None:
     """One more trial whose floating-point inputs are scaled by a random factor in [2, 4): shortcuts that only
-    hold for the value range of get_inputs() fail here. Skipped when the reference is not finite there."""
-    rng = secrets.SystemRandom()
-    scale = 2.0 + 2.0 * rng.random()
-    x = [t * scale if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-         for t in state.make_inputs(secrets.randbits(62))]
-    try:
-        ref = state.reference_outputs(state.to_device(x))
-    except Exception as e:  # noqa: BLE001
-        out["log"].append(f"value-range trial skipped: the reference fails on scaled inputs ({type(e).__name__})")
-        return
-    refs = [ref] if isinstance(ref, torch.Tensor) else [r for r in ref if isinstance(r, torch.Tensor)]
-    if any(r.is_floating_point() and not bool(torch.isfinite(r).all()) for r in refs):
-        out["log"].append("value-range trial skipped: the reference is not finite on scaled inputs")
+    hold for the value range of get_inputs() fail here. Skipped when the reference is not finite there.
+    made: (scale, inputs, reference outputs, skip reason) from _value_variant_job (made ahead)."""
+    scale, x, ref, skipped = made
+    if skipped:
+        out["log"].append(skipped)
         return
     idx = len(out["trials"])
-    reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
+    reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
                  cfg.trial_timeout_s, "value-range trial")
     evidence.add(reply, "value-range trial")
     tr = _check_reply(reply, ref, atol, rtol, idx, io, prec)
@@ -732,29 +889,21 @@ def _verify_value_variant(cand: CandidateProcess, state: TaskState, cfg: Sandbox
                            _trial_violations(tr) or [Violation("value_range", msg)])
 
 
-def _verify_shape_variants(cand: CandidateProcess, job: dict, cache: "collections.OrderedDict[tuple, TaskState]",
-                           state: TaskState, cfg: SandboxConfig, device: str, atol: float, rtol: float, io: str,
-                           prec: dict, evidence: Evidence, out: dict) -> None:
-    """Verify on the task's other shapes (job["shape_variants"]: overrides of its shape parameters), then give
-    the candidate its default-shape model back for profiling."""
+def _verify_shape_variants(cand: CandidateProcess, job: dict, state: TaskState, shape_jobs: list, cfg: SandboxConfig,
+                           atol: float, rtol: float, io: str, prec: dict, evidence: Evidence, out: dict) -> None:
+    """Verify on the task's other shapes (shape_jobs: (overrides of its shape parameters, the future of
+    _shape_variant_job)), then give the candidate its default-shape model back for profiling."""
     loaded_other = False
-    for ov in job["shape_variants"]:
-        key = (job["reference_hash"], device, tuple(sorted(ov.items())))
-        try:
-            vs = cache.get(key)
-            if vs is None:
-                vs = TaskState(job["reference"], job["task_id"], device, ov)
-                cache[key] = vs
-            xs = [vs.make_inputs(secrets.randbits(62)) for _ in range(cfg.shape_variant_trials)]
-            refs = [vs.reference_outputs(vs.to_device(x)) for x in xs]
-        except Exception as e:  # noqa: BLE001 - the reference does not support these shapes: not the candidate's fault
-            out["log"].append(f"shape variant {ov} skipped: the reference fails there ({type(e).__name__}: {str(e)[:120]})")
+    for ov, fut in shape_jobs:
+        vs, xs, refs, skipped = fut.result()
+        if skipped:
+            out["log"].append(skipped)
             continue
         label = ", ".join(f"{k}={v}" for k, v in ov.items())
         reply = _load(cand, vs, job, io, f"load (shapes {label})")
         loaded_other = True
         for j, (x, ref) in enumerate(zip(xs, refs)):
-            reply = _run(cand, {"op": "run", "inputs": wire.encode_value(x, io), "poison": cfg.poison_outputs},
+            reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
                          cfg.trial_timeout_s, f"shapes {label}: trial {j}")
             evidence.add(reply, f"shapes {label}: trial {j}")
             tr = _check_reply(reply, ref, atol, rtol, len(out["trials"]), io, prec)
@@ -787,15 +936,16 @@ def _tensor_list(v: Any) -> list:
     return []
 
 
-def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, atol: float,
-             rtol: float, out: dict, io: str, fmt: str, prec: dict) -> TimingStats:
+def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: list, cfg: SandboxConfig, cuda: bool,
+             device: str, atol: float, rtol: float, out: dict, io: str, fmt: str, prec: dict) -> TimingStats:
     """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
-    doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds, the same for
-    the three; the candidate's outputs of every call are checked at random positions chosen after the call, and
-    one call's outputs in full, against eager's outputs on the same inputs."""
+    doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds (made ahead
+    by the Prefetch thread, which has stopped before this runs, or here), the same for the three; the candidate
+    gets them (through its input segment) only just before its timed calls of that repetition; its outputs of every
+    call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
+    outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
-    flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
-    timer = Timer(cuda, flush)
+    timer = Timer(cuda, plan.flush)
     rng = secrets.SystemRandom()
 
     def left() -> float:
@@ -808,7 +958,6 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
         with torch.no_grad():
             return state.model(*a)
 
-    x0 = state.to_device(state.make_inputs(secrets.randbits(62)))
     compiled = state.compiled_model(cfg.compile_mode, x0) if cfg.use_compile else None
     if state.compile_error:
         out["log"].append(state.compile_error)
@@ -830,18 +979,16 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
             out["nvml"].append({**r, "when": "profile_start"})
     # warm-up (fresh inputs for the candidate too)
     if cfg.warmup_calls:
-        warm = [state.make_inputs(secrets.randbits(62)) for _ in range(cfg.warmup_calls)]
+        warm = plan.warmup.result() if plan.warmup is not None else _make_sets(state, cfg.warmup_calls)
         warm_dev = [state.to_device(x) for x in warm]
         timer.run(eager, warm_dev)
         if compiled is not None:
             timer.run(comp, warm_dev)
-        _run(cand, {"op": "stage", "input_sets": wire.encode_value(warm, io)}, left(), "profile warm-up")
+        _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
         _run(cand, {"op": "time"}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
-    one = timer.run(eager, [x0])["ms_per_call"]
-    in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(x0)) or 1
-    calls = max(1, min(cfg.max_calls_per_rep, cfg.fresh_calls_per_rep_max, math.ceil(cfg.min_rep_ms / max(one, 1e-6)),
-                       max(1, cfg.timed_input_bytes_max // in_bytes)))
+        del warm, warm_dev
+    calls = plan.calls
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
@@ -850,9 +997,11 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
     shortfalls: list[float] = []
     full_done = False
     for r in range(cfg.reps):
-        sets = [state.make_inputs(secrets.randbits(62)) for _ in range(calls)]
+        made = plan.reps[r]
+        plan.reps[r] = None  # each set is used by one repetition, then freed
+        sets = made.result() if made is not None else _make_sets(state, calls)
         sets_dev = [state.to_device(x) for x in sets]
-        _run(cand, {"op": "stage", "input_sets": wire.encode_value(sets, io)}, left(), "profile")
+        _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(sets, io)}, left(), "profile")
         ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
@@ -887,7 +1036,7 @@ def _profile(cand: CandidateProcess, state: TaskState, cfg: SandboxConfig, cuda:
         full_done = full_done or full
         _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         scrub_device(ref_outs)
-        del sets_dev, ref_outs
+        del sets, sets_dev, ref_outs
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
     if med_ratio < 0.1 and med_short > 2.0:

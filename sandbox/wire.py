@@ -108,14 +108,19 @@ def _read_spilled(spill_dir: str | None, name: Any, nbytes: int) -> bytearray:
             pass
 
 
-def decode_value(v: Any, spill_dir: str | None = None) -> Any:
-    """Inverse of encode_value (spilled tensors are read from spill_dir and their files removed).
+def decode_value(v: Any, spill_dir: str | None = None, shm: Any = None) -> Any:
+    """Inverse of encode_value (spilled tensors are read from spill_dir and their files removed). Records of
+    tensors in a shared segment ({"shm": offset}, sandbox.shm) become read-only views of `shm` (an InputMapping).
 
     Raises ValueError for a malformed tensor record (wrong byte count, bad dtype, a file that is not a regular
-    file of the announced size, a path outside spill_dir)."""
+    file of the announced size, a path outside spill_dir, a segment record without a segment)."""
     import torch
 
     if isinstance(v, dict):
+        if "__tensor__" in v and "shm" in v:
+            if shm is None:
+                raise ValueError("tensor record names a shared segment this process does not have")
+            return shm.tensor(v)
         if "__tensor__" in v:
             dtype = v.get("dtype")
             if dtype not in _DTYPES:
@@ -137,10 +142,10 @@ def decode_value(v: Any, spill_dir: str | None = None) -> Any:
             buf = data if isinstance(data, bytearray) else bytearray(data)
             return torch.frombuffer(buf, dtype=dt).reshape(shape)
         if "__tuple__" in v:
-            return tuple(decode_value(x, spill_dir) for x in v["__tuple__"])
-        return {k: decode_value(x, spill_dir) for k, x in v.items()}
+            return tuple(decode_value(x, spill_dir, shm) for x in v["__tuple__"])
+        return {k: decode_value(x, spill_dir, shm) for k, x in v.items()}
     if isinstance(v, list):
-        return [decode_value(x, spill_dir) for x in v]
+        return [decode_value(x, spill_dir, shm) for x in v]
     return v
 
 

@@ -12,8 +12,9 @@ candidate's reply pipe (status: exit code, or -signal), so the trusted side lear
 candidate's namespace with every process in it (setsid escapes included). Every process of the chain dies with
 its parent (PR_SET_PDEATHSIG), so nothing outlives the trusted worker.
 
-Protocol on the control socket (AF_UNIX stream): the trusted side sends b"spawn" with three fds (the pipe end
-the candidate reads requests from, the pipe end it writes replies to, its log file) in SCM_RIGHTS; the zygote
+Protocol on the control socket (AF_UNIX stream): the trusted side sends b"spawn" with three or four fds (the pipe
+end the candidate reads requests from, the pipe end it writes replies to, its log file, and optionally the memfd of
+its input segment, sandbox.shm) in SCM_RIGHTS; the zygote
 answers with the intermediate's pid as ASCII digits and a newline. The zygote is started with
 `python -m sandbox.zygote --ctl FD --device D --threads T --namespaces 0|1`.
 
@@ -57,7 +58,7 @@ def _single_threaded() -> bool:
 
 
 def _candidate(lib: ctypes.CDLL, fd_in: int, fd_out: int, log_fd: int, device: str, threads: int,
-               namespaces: bool) -> None:
+               namespaces: bool, shm_fd: int | None = None) -> None:
     _die_with_parent(lib)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -70,12 +71,13 @@ def _candidate(lib: ctypes.CDLL, fd_in: int, fd_out: int, log_fd: int, device: s
             os._exit(125)
     from sandbox.candidate import serve
 
-    serve(fd_in, fd_out, device, threads)
+    serve(fd_in, fd_out, device, threads, shm_fd)
     os._exit(0)
 
 
 def _intermediate(lib: ctypes.CDLL, fds: list[int], device: str, threads: int, namespaces: bool) -> None:
-    fd_in, fd_out, log_fd = fds
+    fd_in, fd_out, log_fd = fds[:3]
+    shm_fd = fds[3] if len(fds) > 3 else None
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
     _die_with_parent(lib)
@@ -85,11 +87,13 @@ def _intermediate(lib: ctypes.CDLL, fds: list[int], device: str, threads: int, n
     pid = os.fork()
     if pid == 0:
         try:
-            _candidate(lib, fd_in, fd_out, log_fd, device, threads, namespaces)
+            _candidate(lib, fd_in, fd_out, log_fd, device, threads, namespaces, shm_fd)
         finally:
             os._exit(1)
     os.close(fd_in)
     os.close(log_fd)
+    if shm_fd is not None:
+        os.close(shm_fd)
     _, status = os.waitpid(pid, 0)
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     try:
@@ -119,12 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     ctl.sendall(b"ready\n")
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 64, 3)
+            msg, fds, _, _ = socket.recv_fds(ctl, 64, 4)
         except OSError:
             os._exit(0)
         if not msg:
             os._exit(0)
-        if msg != b"spawn" or len(fds) != 3 or not _single_threaded():
+        if msg != b"spawn" or len(fds) not in (3, 4) or not _single_threaded():
             for fd in fds:
                 os.close(fd)
             ctl.sendall(b"-1\n")
