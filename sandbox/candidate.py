@@ -463,7 +463,12 @@ def preload(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    from sandbox import wire  # noqa: F401
+    import fcntl  # noqa: F401
+    import importlib  # noqa: F401
+    import mmap  # noqa: F401
+
+    # the harness's own modules, imported (and compiled: workers do not write bytecode) once here, not per worker
+    from sandbox import integrity, jail, runtime, shm, static_check, timing, wire  # noqa: F401
     from sandbox.guard import ComputeGuard
 
     # The first call under a TorchDispatchMode costs over a second (lazy imports in torch): pay it here.

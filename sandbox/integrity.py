@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import builtins
 import dis
+import itertools
+import operator
 import os
 import re
 import sys
 import threading
+import types
 from typing import Any
 
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
@@ -365,13 +368,36 @@ class StateSnapshot:
                 pass
         return changed
 
+    def _index(self) -> None:
+        """Flat lists of the snapshot for `replaced`, which runs after every candidate phase: looked up with
+        C-level map() over getattr (modules) and mappingproxy.get (a class's own __dict__), ~10x a Python loop."""
+        groups: dict[bool, tuple[list, list, list, list]] = {True: ([], [], [], []), False: ([], [], [], [])}
+        fn_keys, fn_objs, fn_codes = [], [], []
+        for key, (ns, n, v, code) in self.callables.items():
+            g = groups[isinstance(ns, type)]
+            g[0].append(key)
+            g[1].append(vars(ns) if isinstance(ns, type) else ns)
+            g[2].append(n)
+            g[3].append(v)
+            if code is not None:
+                fn_keys.append(key)
+                fn_objs.append(v)
+                fn_codes.append(code)
+        self._idx = (groups[False], groups[True], (fn_keys, fn_objs, fn_codes))
+
     def replaced(self) -> list[str]:
         """Torch callables that were replaced (or whose code was swapped) since the snapshot."""
-        out = []
-        for key, (ns, n, v, code) in self.callables.items():
-            cur = vars(ns).get(n, None) if isinstance(ns, type) else getattr(ns, n, None)
-            if cur is not v or getattr(cur, "__code__", None) is not code:
-                out.append(key)
+        if not hasattr(self, "_idx"):
+            self._index()
+        mods, classes, (fn_keys, fn_objs, fn_codes) = self._idx
+        cur_m = list(map(getattr, mods[1], mods[2], itertools.repeat(None)))
+        cur_c = list(map(types.MappingProxyType.get, classes[1], classes[2]))
+        codes = list(map(getattr, fn_objs, itertools.repeat("__code__"), itertools.repeat(None)))
+        if not (any(map(operator.is_not, cur_m, mods[3])) or any(map(operator.is_not, cur_c, classes[3]))
+                or any(map(operator.is_not, codes, fn_codes))):
+            return []
+        out = [k for g, cur in ((mods, cur_m), (classes, cur_c)) for k, c, v in zip(g[0], cur, g[3]) if c is not v]
+        out += [k for k, c, code in zip(fn_keys, codes, fn_codes) if c is not code and k not in out]
         return out
 
 
