@@ -51,8 +51,10 @@ for line in sys.stdin:
     t0 = time.perf_counter()
     r = ev.evaluate(load_task(corpus / task), load_solution(corpus / task / "cpu" / "fast"), "cpu")
     wall = (time.perf_counter() - t0) * 1e3
+    se = r.timing.speedup_eager if r.timing is not None else None
     print(json.dumps({"status": r.status, "reward": r.reward, "wall_ms": wall, "stage_ms": r.stage_ms,
-                      "message": r.message[:200]}), flush=True)
+                      "message": r.message[:200], "calls": r.timing.calls_per_rep if r.timing else 0,
+                      "speedup_eager": [se.lo, se.point, se.hi] if se is not None else None}), flush=True)
 ev.close()
 """
 
@@ -93,6 +95,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="", help="comma-separated corpus tasks (default: all)")
     ap.add_argument("--compile", action="store_true", help="time the torch.compile baseline too (slow first call)")
     ap.add_argument("--json", default="", help="also write the raw figures here")
+    ap.add_argument("--with-config", default="{}", help="JSON of SandboxConfig fields for the 'with' side only")
     a = ap.parse_args()
     tasks = a.tasks.split(",") if a.tasks else sorted(p.name for p in CORPUS.iterdir() if (p / "model.py").exists())
     tmp = Path(tempfile.mkdtemp(prefix="integrity-bench-"))
@@ -101,7 +104,8 @@ def main() -> None:
     _extract(a.base, base_root)
     common = dict(backend="cpu", use_compile=a.compile, isolation="auto")
     sides = [Side("without", base_root, {**common, "cache_dir": str(tmp / "c0"), "work_root": str(tmp / "w0")}, tmp),
-             Side("with", REPO, {**common, "cache_dir": str(tmp / "c1"), "work_root": str(tmp / "w1")}, tmp)]
+             Side("with", REPO, {**common, **json.loads(a.with_config), "cache_dir": str(tmp / "c1"),
+                                 "work_root": str(tmp / "w1")}, tmp)]
     raw: dict[str, dict[str, list[dict]]] = {t: {s.name: [] for s in sides} for t in tasks}
     try:
         for t in tasks:

@@ -620,29 +620,33 @@ def _make_sets(state: TaskState, n: int) -> list:
 
 
 class ProfilePlan:
-    """What the profile stage will need, decided in the reference stage: calls per repetition (from one timed eager
-    call) and the fresh input sets made ahead (futures, or None for sets made per repetition)."""
+    """What the profile stage will need, estimated in the reference stage: calls per repetition (from eager's time
+    per call) and the fresh input sets made ahead for that many calls (futures, or None for sets made per
+    repetition). The profile decides its calls per repetition itself, as before (one eager call after the
+    warm-up); the estimate only sizes what is made ahead and the input segment."""
 
-    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, x_dev: list):
+    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list]):
         self.flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
         timer = Timer(cuda, self.flush)
 
         def eager(a: list) -> Any:
             with torch.no_grad():
-                return state.model(*a)
+                out = state.model(*a)
+            scrub_device(out)
+            return out
 
-        self.one_ms = timer.run(eager, [x_dev])["ms_per_call"]
-        self.in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(x_dev)) or 1
-        self.calls = max(1, min(cfg.max_calls_per_rep, cfg.fresh_calls_per_rep_max,
-                                math.ceil(cfg.min_rep_ms / max(self.one_ms, 1e-6)),
-                                max(1, cfg.timed_input_bytes_max // self.in_bytes)))
+        # eager's time per call: the median of single calls on up to 3 of the trials' sets
+        times = sorted(timer.run(eager, [x])["ms_per_call"] for x in xs_dev[:3])
+        self.in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(xs_dev[0])) or 1
+        self.calls = calls_per_rep(cfg, times[len(times) // 2], self.in_bytes)
         self.warmup: Future | None = None
         self.reps: list[Future | None] = [None] * cfg.reps
 
     def segment_bytes(self, cfg: SandboxConfig, x_cpu: list) -> int:
-        """Bytes of the input segment: one repetition's sets (or the warm-up's, or one verification set)."""
+        """Bytes of the input segment: one repetition's sets (or the warm-up's, or one verification set), with
+        room for twice the estimated calls (a repetition that needs more goes through the wire)."""
         per_set = shm_mod.tensor_bytes(x_cpu)
-        return per_set * max(1, self.calls, cfg.warmup_calls)
+        return per_set * max(1, min(2 * self.calls, cfg.fresh_calls_per_rep_max), cfg.warmup_calls)
 
     def prefetch(self, pf: Prefetch, state: TaskState, cfg: SandboxConfig) -> None:
         budget = cfg.prefetch_input_bytes_max
@@ -654,6 +658,12 @@ class ProfilePlan:
                 break
             self.reps[r] = pf.submit(_make_sets, state, self.calls)
             budget -= self.calls * self.in_bytes
+
+
+def calls_per_rep(cfg: SandboxConfig, one_ms: float, in_bytes: int) -> int:
+    """Timed calls per repetition: enough that one repetition of eager lasts min_rep_ms, within the caps."""
+    return max(1, min(cfg.max_calls_per_rep, cfg.fresh_calls_per_rep_max, math.ceil(cfg.min_rep_ms / max(one_ms, 1e-6)),
+                      max(1, cfg.timed_input_bytes_max // max(in_bytes, 1))))
 
 
 # ----------------------------------------------------------------------------------------------------- one job
@@ -679,7 +689,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         inputs_cpu = [state.make_inputs(s) for s in seeds]
         inputs_dev = [state.to_device(x) for x in inputs_cpu]
         ref_outs = [state.reference_outputs(x) for x in inputs_dev]
-        plan = ProfilePlan(state, cfg, cuda, device, inputs_dev[0]) if cfg.profile else None
+        plan = ProfilePlan(state, cfg, cuda, device, inputs_dev) if cfg.profile else None
     except Exception as e:  # noqa: BLE001 - a broken reference is the sandbox's problem, not the candidate's
         out.update(status=Status.INTERNAL_ERROR.value, message=f"reference failed: {type(e).__name__}: {e}",
                    detail=traceback.format_exc()[-2000:])
@@ -988,7 +998,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
         _run(cand, {"op": "time"}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
         del warm, warm_dev
-    calls = plan.calls
+    one = timer.run(eager, [x0])["ms_per_call"]
+    calls = calls_per_rep(cfg, one, plan.in_bytes)
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
@@ -999,7 +1010,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
     for r in range(cfg.reps):
         made = plan.reps[r]
         plan.reps[r] = None  # each set is used by one repetition, then freed
-        sets = made.result() if made is not None else _make_sets(state, calls)
+        sets = made.result()[:calls] if made is not None else []
+        sets += _make_sets(state, calls - len(sets))
         sets_dev = [state.to_device(x) for x in sets]
         _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(sets, io)}, left(), "profile")
         ref_outs: list = []
