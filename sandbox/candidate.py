@@ -23,7 +23,8 @@ Requests (map with "op" and "nonce") and replies (each with the nonce):
   run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated, launches, ops, notes} | error
   stage {input_sets}                        -> {ok, n}   (fresh inputs of the next timed repetition, one per call)
   time  {}                                  -> {ok, ms_per_call, loop_ms, event_ms, calls, launches} | error
-  sample {positions, full}                  -> {ok, samples, full} | error  (checks of the repetition, then scrub)
+  sample {positions, full, next_sets?}      -> {ok, samples, full, n?} | error  (checks of the repetition, then
+                                               scrub; then, with next_sets, the next repetition's stage)
   ping  {}                                  -> {ok}   (the trusted side's round-trip reference)
   exit  {}                                  -> process exits
 """
@@ -111,6 +112,7 @@ class Worker:
             "Worker._integrity": (W, "_integrity"), "Worker.run": (W, "run"), "Worker.time": (W, "time"),
             "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"), "Worker.stage": (W, "stage"),
             "Worker._private": (W, "_private"), "Worker._in_shm": (W, "_in_shm"), "Worker._drop_rep": (W, "_drop_rep"),
+            "Worker._stage": (W, "_stage"),
             "Monitor._hook": (Monitor, "_hook"), "Monitor._judge": (Monitor, "_judge"),
             "Monitor._is_candidate": (Monitor, "_is_candidate"),
             "integrity.python_threads_in_workspace": (integrity, "python_threads_in_workspace"),
@@ -330,7 +332,12 @@ class Worker:
         from sandbox import wire
 
         self._drop_rep()
-        sets = wire.decode_value(msg["input_sets"], self.io, self.shm)
+        return self._stage(msg["input_sets"])
+
+    def _stage(self, rec: Any) -> dict:
+        from sandbox import wire
+
+        sets = wire.decode_value(rec, self.io, self.shm)
         # on the CPU the timed calls read the read-only segment views in place (no copy); on a GPU they are copied
         # to the device here, untimed
         self.staged = [tuple(self._to_device(s)) for s in sets]
@@ -414,6 +421,8 @@ class Worker:
         enc = {"samples": wire.encode_value(samples, self.io),
                "full": wire.encode_value(full_out, self.io) if full_out is not None else None}
         self._drop_rep()
+        if msg.get("next_sets") is not None:  # the next repetition's inputs, with this one's checks done
+            enc["n"] = self._stage(msg["next_sets"])["n"]
         return {"ok": True, **enc}
 
     def ping(self, msg: dict) -> dict:

@@ -1007,13 +1007,19 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
     ratios: list[float] = []
     shortfalls: list[float] = []
     full_done = False
-    for r in range(cfg.reps):
+
+    def rep_sets(r: int) -> list:
         made = plan.reps[r]
         plan.reps[r] = None  # each set is used by one repetition, then freed
         sets = made.result()[:calls] if made is not None else []
-        sets += _make_sets(state, calls - len(sets))
+        return sets + _make_sets(state, calls - len(sets))
+
+    sets = rep_sets(0)
+    _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(sets, io)}, left(), "profile")
+    for r in range(cfg.reps):
+        # the candidate holds this repetition's sets (staged with the previous repetition's check, after its timed
+        # calls: it never has a set before the repetition it belongs to has begun)
         sets_dev = [state.to_device(x) for x in sets]
-        _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(sets, io)}, left(), "profile")
         ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
@@ -1046,9 +1052,12 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
                 samples[im].append(ms)
         full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
-        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
+        nxt = rep_sets(r + 1) if r + 1 < cfg.reps else None
+        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full,
+                     cand.encode_inputs(nxt, io) if nxt is not None else None)
         scrub_device(ref_outs)
         del sets, sets_dev, ref_outs
+        sets = nxt
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
     if med_ratio < 0.1 and med_short > 2.0:
@@ -1079,16 +1088,22 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
 
 
 def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,
-                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool) -> None:
+                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool, next_sets: Any = None) -> None:
     """Check one repetition's timed outputs: every call at random positions (chosen now, after the calls), and,
     when full_check, one call in full. A mismatch is `incorrect` with a `timed_output_mismatch` violation
-    (replayed or cached outputs, work skipped while timed)."""
+    (replayed or cached outputs, work skipped while timed). next_sets: the record of the next repetition's input
+    sets, staged by the same request once the checks are done (one round trip less per repetition)."""
     refs = [[t.detach().cpu() for t in _tensor_list(o)] for o in ref_outs]
     if not refs or not refs[0]:
+        if next_sets is not None:
+            _run(cand, {"op": "stage", "input_sets": next_sets}, 60.0, "profile")
         return
     positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
     full = rng.randrange(len(refs)) if full_check else -1
-    reply = _run(cand, {"op": "sample", "positions": positions, "full": full}, 60.0, "profile check")
+    msg = {"op": "sample", "positions": positions, "full": full}
+    if next_sets is not None:
+        msg["next_sets"] = next_sets
+    reply = _run(cand, msg, 60.0, "profile check")
     try:
         got = wire.decode_value(reply["samples"], io)
         full_out = wire.decode_value(reply["full"], io) if reply.get("full") is not None else None
