@@ -542,44 +542,78 @@ def _nvml(device_index: int) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------------- inputs ahead
 class Prefetch:
     """Input sets (and the variant trials' reference outputs) made ahead by one background thread of the trusted
-    worker, while the candidate starts, loads and is verified, so that making fresh inputs for every timed call
-    costs little evaluation wall time.
+    worker, while the candidate starts, loads and is verified and in the untimed parts of the profile, so that
+    making fresh inputs for every timed call costs little evaluation wall time.
 
     What keeps it honest: the thread only runs trusted code (the task's get_inputs() from fresh secret seeds, the
-    reference model); nothing it makes reaches the candidate before the request that needs it; and `drain()`,
-    called before the first timed call, waits until it is idle and gone, so no background work ever overlaps a
-    timed region (the baselines' or the candidate's). Work not made ahead (past `prefetch_input_bytes_max`) is
-    made in the main thread, per repetition, as before.
+    reference model); nothing it makes reaches the candidate before the request that needs it; and every timed
+    region (eager's, torch.compile's, the candidate's) runs inside `quiet()`, which returns only once the thread
+    sits idle at its gate (a job never starts while quiet; one in progress is waited for, and on a GPU the device
+    work it queued too), so no background work ever overlaps a timed region. Work not made ahead (past
+    `prefetch_input_bytes_max`) is made in the main thread, per repetition, as before.
     """
 
     def __init__(self, cuda: bool, device: str):
         self.cuda = cuda
         self.device = device
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="sandbox-inputs")
-        self._futures: list[Future] = []
+        self._cv = threading.Condition()
+        self._paused = False
+        self._busy = False
 
     def submit(self, fn: Any, *args: Any) -> Future:
         if self._pool is None:
-            raise RuntimeError("Prefetch.submit after drain")
-        f = self._pool.submit(fn, *args)
-        self._futures.append(f)
-        return f
+            raise RuntimeError("Prefetch.submit after cancel")
+        return self._pool.submit(self._gated, fn, *args)
 
-    def drain(self) -> None:
-        """Wait for (or cancel) every job and stop the thread; afterwards nothing runs in the background."""
-        if self._pool is None:
-            return
-        self._pool.shutdown(wait=True, cancel_futures=False)
-        self._pool = None
+    def _gated(self, fn: Any, *args: Any) -> Any:
+        with self._cv:
+            while self._paused:
+                self._cv.wait()
+            self._busy = True
+        try:
+            return fn(*args)
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def quiet(self) -> "_Quiet":
+        """Context manager: the thread is idle (and its device work done) inside, and resumes after."""
+        return _Quiet(self)
+
+    def pause(self) -> None:
+        with self._cv:
+            self._paused = True
+            while self._busy:
+                self._cv.wait()
         if self.cuda:
-            torch.cuda.synchronize(self.device)  # device work the thread queued (scrubs) ends here too
+            torch.cuda.synchronize(self.device)  # device work the thread queued (scrubs, transfers) ends here too
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
 
     def cancel(self) -> None:
-        """Drop what has not started; wait for the job in progress (an evaluation that ends early)."""
+        """Drop what has not started, let the job in progress finish, stop the thread (an evaluation's end)."""
         if self._pool is None:
             return
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
+        pool, self._pool = self._pool, None
+        pool.shutdown(wait=False, cancel_futures=True)
+        self.resume()  # a job held at the gate goes on (and ends); the thread then exits
+        pool.shutdown(wait=True)
+
+
+class _Quiet:
+    def __init__(self, pf: Prefetch):
+        self.pf = pf
+
+    def __enter__(self) -> None:
+        self.pf.pause()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.pf.resume()
 
 
 def _value_variant_job(state: TaskState) -> tuple[float, list | None, Any, str]:
@@ -639,8 +673,8 @@ class ProfilePlan:
         times = sorted(timer.run(eager, [x])["ms_per_call"] for x in xs_dev[:3])
         self.in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(xs_dev[0])) or 1
         self.calls = calls_per_rep(cfg, times[len(times) // 2], self.in_bytes)
-        self.warmup: Future | None = None
-        self.reps: list[Future | None] = [None] * cfg.reps
+        self.warmup: list[Future] = []
+        self.reps: list[list[Future]] = [[] for _ in range(cfg.reps)]
 
     def segment_bytes(self, cfg: SandboxConfig, x_cpu: list) -> int:
         """Bytes of the input segment: one repetition's sets (or the warm-up's, or one verification set), with
@@ -649,15 +683,14 @@ class ProfilePlan:
         return per_set * max(1, min(2 * self.calls, cfg.fresh_calls_per_rep_max), cfg.warmup_calls)
 
     def prefetch(self, pf: Prefetch, state: TaskState, cfg: SandboxConfig) -> None:
+        """Queue the warm-up's and the repetitions' sets, one job per set (a pause waits for one set at most)."""
         budget = cfg.prefetch_input_bytes_max
-        if cfg.warmup_calls and budget >= cfg.warmup_calls * self.in_bytes:
-            self.warmup = pf.submit(_make_sets, state, cfg.warmup_calls)
-            budget -= cfg.warmup_calls * self.in_bytes
-        for r in range(cfg.reps):
-            if budget < self.calls * self.in_bytes:
-                break
-            self.reps[r] = pf.submit(_make_sets, state, self.calls)
-            budget -= self.calls * self.in_bytes
+        for slot, n in [(self.warmup, cfg.warmup_calls)] + [(self.reps[r], self.calls) for r in range(cfg.reps)]:
+            for _ in range(n):
+                if budget < self.in_bytes:
+                    return
+                slot.append(pf.submit(state.make_inputs, secrets.randbits(62)))
+                budget -= self.in_bytes
 
 
 def calls_per_rep(cfg: SandboxConfig, one_ms: float, in_bytes: int) -> int:
@@ -766,8 +799,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             return out
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
-        pf.drain()  # nothing runs in the background from here on: the profile times things
-        timing = _profile(cand, state, plan, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec)
+        timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
         out["timing"] = timing.to_dict()
         out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
@@ -946,11 +978,12 @@ def _tensor_list(v: Any) -> list:
     return []
 
 
-def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: list, cfg: SandboxConfig, cuda: bool,
-             device: str, atol: float, rtol: float, out: dict, io: str, fmt: str, prec: dict) -> TimingStats:
+def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,
+             cuda: bool, device: str, atol: float, rtol: float, out: dict, io: str, fmt: str,
+             prec: dict) -> TimingStats:
     """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
     doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds (made ahead
-    by the Prefetch thread, which has stopped before this runs, or here), the same for the three; the candidate
+    by the Prefetch thread, which is held idle around every timed region, or here), the same for the three; the candidate
     gets them (through its input segment) only just before its timed calls of that repetition; its outputs of every
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
     outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
@@ -989,7 +1022,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
             out["nvml"].append({**r, "when": "profile_start"})
     # warm-up (fresh inputs for the candidate too)
     if cfg.warmup_calls:
-        warm = plan.warmup.result() if plan.warmup is not None else _make_sets(state, cfg.warmup_calls)
+        warm = [f.result() for f in plan.warmup]
+        warm += _make_sets(state, cfg.warmup_calls - len(warm))
         warm_dev = [state.to_device(x) for x in warm]
         timer.run(eager, warm_dev)
         if compiled is not None:
@@ -998,7 +1032,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
         _run(cand, {"op": "time"}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
         del warm, warm_dev
-    one = timer.run(eager, [x0])["ms_per_call"]
+    with pf.quiet():
+        one = timer.run(eager, [x0])["ms_per_call"]
     calls = calls_per_rep(cfg, one, plan.in_bytes)
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
@@ -1009,9 +1044,10 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
     full_done = False
 
     def rep_sets(r: int) -> list:
-        made = plan.reps[r]
-        plan.reps[r] = None  # each set is used by one repetition, then freed
-        sets = made.result()[:calls] if made is not None else []
+        made, plan.reps[r] = plan.reps[r], []  # each set is used by one repetition, then freed
+        for f in made[calls:]:
+            f.cancel()
+        sets = [f.result() for f in made[:calls]]
         return sets + _make_sets(state, calls - len(sets))
 
     sets = rep_sets(0)
@@ -1024,14 +1060,17 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, x0: li
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
             if im == "eager":
-                res = timer.run(eager, sets_dev, ref_outs.append)
+                with pf.quiet():
+                    res = timer.run(eager, sets_dev, ref_outs.append)
                 samples[im].append(res["ms_per_call"])
             elif im == "compiled":
-                samples[im].append(timer.run(comp, sets_dev)["ms_per_call"])
+                with pf.quiet():
+                    samples[im].append(timer.run(comp, sets_dev)["ms_per_call"])
             else:
-                tw = time.perf_counter()
-                reply = _run(cand, {"op": "time"}, left(), "profile")
-                wall = (time.perf_counter() - tw) * 1e3
+                with pf.quiet():
+                    tw = time.perf_counter()
+                    reply = _run(cand, {"op": "time"}, left(), "profile")
+                    wall = (time.perf_counter() - tw) * 1e3
                 walls.append(wall / calls)
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
                     msg = "timed calls launched none of the solution's kernels"
