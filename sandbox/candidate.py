@@ -98,7 +98,7 @@ class Worker:
         if monitor:
             install_thread_guard(self.monitor)
             install_torch_wrappers(self.monitor)
-        self.state = StateSnapshot()
+        self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({
             "ComputeGuard.__torch_dispatch__": (guard_mod.ComputeGuard, "__torch_dispatch__"),
@@ -466,6 +466,9 @@ def _manifest_allow_list() -> tuple[set[str], set[str]]:
     return libs, syms
 
 
+_SNAPSHOT_TEMPLATE: list = []  # [StateSnapshot] taken by preload (trusted, before any solution code)
+
+
 def preload(threads: int) -> None:
     """Trusted preparation while no candidate code is around: import torch (the slow part of a start) and pay the
     first-dispatch-mode cost, so a worker can be started ahead (spare) or forked from a preloaded zygote."""
@@ -485,6 +488,11 @@ def preload(threads: int) -> None:
     with torch.no_grad(), ComputeGuard(poison=True):
         torch.empty_like(x).view(2, 4).t().contiguous().clone()
     del x
+    # torch's callables as they are now, before any solution code (a worker forked from here refreshes only what
+    # the harness itself rebinds: sandbox.integrity.StateSnapshot(template))
+    from sandbox.integrity import StateSnapshot
+
+    _SNAPSHOT_TEMPLATE[:] = [StateSnapshot()]
 
 
 def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None = None) -> None:

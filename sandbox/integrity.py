@@ -330,7 +330,10 @@ def _namespaces() -> dict[str, Any]:
 class StateSnapshot:
     """Trusted values of torch's flags and identities of its public callables (see module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, template: "StateSnapshot | None" = None) -> None:
+        """template: a snapshot taken earlier in this process (or in the zygote it was forked from) while only
+        trusted code had run since; its identities are reused and the few bindings trusted code changed since (the
+        harness's own wrappers) re-read, which skips the full scan (and its audit events) per worker."""
         self.flags = _torch_flags()
         self.values = {}
         for k, (get, _) in self.flags.items():
@@ -339,7 +342,16 @@ class StateSnapshot:
             except Exception:  # noqa: BLE001 - a flag this torch build does not have
                 pass
         self.callables: dict[str, Any] = {}
+        if template is not None:  # modules from the template (their dir() is the slow part), classes scanned anew
+            self.callables = {k: e for k, e in template.callables.items() if not isinstance(e[0], type)}
+            for key in template.replaced():
+                ns, n, _, _ = template.callables[key]
+                if not isinstance(ns, type):
+                    v = getattr(ns, n, None)
+                    self.callables[key] = (ns, n, v, getattr(v, "__code__", None))
         for ns_name, ns in _namespaces().items():
+            if template is not None and not isinstance(ns, type):
+                continue
             d = vars(ns) if isinstance(ns, type) else {n: getattr(ns, n, None) for n in dir(ns)}
             for n, v in list(d.items()):
                 if n.startswith("__") and n not in ("__call__", "__init__", "__torch_function__", "__torch_dispatch__"):
