@@ -15,19 +15,31 @@ part, compiling the graph, stays cached.
 
 One evaluation (`run_job`):
 1. draw `num_trials` seeds from the OS (`secrets`), make each input set with `torch.manual_seed(seed);
-   get_inputs()`, and compute the reference outputs, all before any candidate process exists;
-2. start the candidate worker (sandbox.candidate) confined by sandbox.jail, send it the init inputs and the
-   reference state_dict (`load`), then each input set (`run`), and compare (sandbox.verify, with a precision
-   budget on the median relative error); every forward must launch the solution's own kernels (`Evidence`);
-   then one trial on inputs scaled by a random factor (value-range shortcuts) and, where the task declares
-   shape parameters, trials on other shapes (sizes not multiples of block sizes), after which the default-shape
-   model is loaded again;
+   get_inputs()`, and compute the reference outputs, all before any candidate process exists; estimate eager's
+   time per call (`ProfilePlan`), then hand what the rest of the evaluation needs (the value-range and
+   shape-variant trials' inputs and reference outputs, the profile's fresh input sets) to the `Prefetch` thread,
+   which makes them while the candidate starts, loads and is verified, and in the profile's untimed parts: it
+   is held idle around every timed region, and makes nothing the candidate gets before it needs it;
+2. start the candidate worker (sandbox.candidate) confined by sandbox.jail, with its input segment (sandbox.shm: a
+   memfd the trusted side sizes and seals before `setup`, read-only to the candidate), send it the init inputs
+   and the reference state_dict (`load`), then each input set (`run`), and compare (sandbox.verify, with a
+   precision budget on the median relative error); every forward must launch the solution's own kernels
+   (`Evidence`); then one trial on inputs scaled by a random factor (value-range shortcuts) and, where the task
+   declares shape parameters, trials on other shapes (sizes not multiples of block sizes), after which the
+   default-shape model is loaded again;
 3. if all trials pass, profile (`_profile`): per repetition, fresh input sets from fresh seeds, one per timed
-   call, the same for eager, torch.compile and the candidate in rotating order; the candidate's in-process timing
-   is accepted only when it agrees with this process's wall clock around the request (sandbox.timing.agree);
-   every timed call's outputs are checked at positions chosen after the calls, and one call's in full, against
-   eager's outputs on the same inputs; then speed-ups, intervals and the milestone (sandbox.stats);
+   call, the same for eager, torch.compile and the candidate in rotating order; the candidate gets a
+   repetition's sets (copied into its segment) only after the previous repetition's timed calls, with that
+   repetition's check; the candidate's in-process timing is accepted only when it agrees with this process's wall
+   clock around the request (sandbox.timing.agree); every timed call's outputs are checked at positions chosen
+   after the calls, and one call's in full, against eager's outputs on the same inputs; then speed-ups, intervals
+   and the milestone (sandbox.stats);
 4. kill the candidate's process tree, whatever happened.
+
+What the trusted side gives the candidate, and when: input tensors and weights, never a seed, a reference output
+or the reference module; inputs only with the request that uses them (a trial's set with its `run`, a timed
+repetition's sets once the previous repetition's timed calls are over). Its own copies of the inputs (the
+reference's and the baselines') stay in this process's private memory; it never reads the segment back.
 A stage that runs past its limit kills the candidate and yields `timeout`; a candidate that dies (segfault,
 abort, sticky CUDA error) yields `runtime_error`; the trusted worker itself never runs candidate code.
 """
