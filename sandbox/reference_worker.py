@@ -338,6 +338,17 @@ class CandidateProcess:
             self.shm.close()
             self.shm = None
 
+    def encode_inputs_later(self, v: Any, io: str) -> tuple[Any, Any]:
+        """(record, copy function) for inputs the candidate only makes views of before a later request (its CPU
+        stage: zero-copy views read nothing); the copies may then overlap the request that carries the record.
+        Elsewhere (a GPU worker copies at stage time; the wire) the data is in place at once and the function is a
+        no-op."""
+        if self.shm is not None and self.shm.nbytes and self.device == "cpu":
+            planned = self.shm.plan(v)
+            if planned is not None:
+                return planned
+        return self.encode_inputs(v, io), (lambda: None)
+
     def encode_inputs(self, v: Any, io: str) -> Any:
         """The record of an input value for the next request: in the segment when it fits, else sandbox.wire."""
         if self.shm is not None and self.shm.nbytes:
@@ -363,13 +374,16 @@ class CandidateProcess:
                 pass
         return CandidateDied(self.returncode, self.log_tail())
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
-        """Send msg, wait for the reply. Raises wire.ChannelTimeout or CandidateDied."""
+    def request(self, msg: dict, timeout_s: float, meanwhile: Any = None) -> dict:
+        """Send msg, wait for the reply. Raises wire.ChannelTimeout or CandidateDied. meanwhile: a function this
+        side runs between sending and waiting (work that overlaps the candidate's)."""
         deadline = time.monotonic() + timeout_s
         nonce = secrets.token_hex(16)
         msg = {**msg, "nonce": nonce}
         try:
             wire.send(self.fd_out, msg, timeout_s=timeout_s)
+            if meanwhile is not None:
+                meanwhile()
             reply = wire.recv(self.fd_in, timeout_s=max(0.01, deadline - time.monotonic()),
                               max_bytes=self.cfg.max_message_bytes)
         except (wire.ChannelClosed, wire.MessageTooLarge, ValueError):
@@ -832,9 +846,9 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             cand.kill()
 
 
-def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str) -> dict:
+def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str, meanwhile: Any = None) -> dict:
     try:
-        reply = cand.request(msg, timeout_s)
+        reply = cand.request(msg, timeout_s, meanwhile)
     except wire.ChannelTimeout:
         raise StageFailure(Status.TIMEOUT, f"{stage}: forward ran past {timeout_s:g} s (process tree killed)") from None
     except CandidateDied as e:
@@ -1104,8 +1118,10 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
         nxt = rep_sets(r + 1) if r + 1 < cfg.reps else None
-        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full,
-                     cand.encode_inputs(nxt, io) if nxt is not None else None)
+        # the next sets' record rides on this check; on the CPU their bytes are copied into the segment while the
+        # candidate checks (it makes views at once but reads them only in its next timed calls)
+        rec, write = cand.encode_inputs_later(nxt, io) if nxt is not None else (None, None)
+        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full, rec, write)
         scrub_device(ref_outs)
         del sets, sets_dev, ref_outs
         sets = nxt
@@ -1139,22 +1155,24 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
 
 
 def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,
-                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool, next_sets: Any = None) -> None:
+                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool, next_sets: Any = None,
+                 write_next: Any = None) -> None:
     """Check one repetition's timed outputs: every call at random positions (chosen now, after the calls), and,
     when full_check, one call in full. A mismatch is `incorrect` with a `timed_output_mismatch` violation
     (replayed or cached outputs, work skipped while timed). next_sets: the record of the next repetition's input
-    sets, staged by the same request once the checks are done (one round trip less per repetition)."""
+    sets, staged by the same request once the checks are done (one round trip less per repetition); write_next:
+    what puts their bytes in place, run while the candidate checks."""
     refs = [[t.detach().cpu() for t in _tensor_list(o)] for o in ref_outs]
     if not refs or not refs[0]:
         if next_sets is not None:
-            _run(cand, {"op": "stage", "input_sets": next_sets}, 60.0, "profile")
+            _run(cand, {"op": "stage", "input_sets": next_sets}, 60.0, "profile", write_next)
         return
     positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
     full = rng.randrange(len(refs)) if full_check else -1
     msg = {"op": "sample", "positions": positions, "full": full}
     if next_sets is not None:
         msg["next_sets"] = next_sets
-    reply = _run(cand, msg, 60.0, "profile check")
+    reply = _run(cand, msg, 60.0, "profile check", write_next)
     try:
         got = wire.decode_value(reply["samples"], io)
         full_out = wire.decode_value(reply["full"], io) if reply.get("full") is not None else None

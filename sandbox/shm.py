@@ -94,12 +94,32 @@ class InputSegment:
     def encode(self, v: Any) -> Any | None:
         """Copy the tensors of v into the segment (from offset 0: the previous request's contents are gone) and
         return v's record, or None when v does not fit (send it through sandbox.wire then)."""
+        planned = self.plan(v)
+        if planned is None:
+            return None
+        rec, write = planned
+        write()
+        return rec
+
+    def plan(self, v: Any) -> tuple[Any, Any] | None:
+        """(v's record, a function that copies v's tensors into the segment), or None when v does not fit. The
+        record may be sent before the copies are made, to a reader that only makes views of it (which read
+        nothing) and does not touch the data before a later request."""
         if self._buf is None or tensor_bytes(v) > self.nbytes:
             return None
-        pos = [0]
-        return self._put(v, pos)
+        copies: list[tuple[int, Any]] = []
+        rec = self._put(v, [0], copies)
 
-    def _put(self, v: Any, pos: list[int]) -> Any:
+        def write() -> None:
+            import torch
+
+            for off, t in copies:
+                n = t.numel() * t.element_size()
+                self._buf[off:off + n].copy_(t.reshape(-1).view(torch.uint8))
+
+        return rec, write
+
+    def _put(self, v: Any, pos: list[int], copies: list) -> Any:
         import torch
 
         from sandbox import wire
@@ -112,15 +132,15 @@ class InputSegment:
             n = t.numel() * t.element_size()
             off = pos[0]
             if n:
-                self._buf[off:off + n].copy_(t.reshape(-1).view(torch.uint8))
+                copies.append((off, t))
             pos[0] = off + _align(n)
             return {"__tensor__": 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "shm": off}
         if isinstance(v, tuple):
-            return {"__tuple__": [self._put(x, pos) for x in v]}
+            return {"__tuple__": [self._put(x, pos, copies) for x in v]}
         if isinstance(v, list):
-            return [self._put(x, pos) for x in v]
+            return [self._put(x, pos, copies) for x in v]
         if isinstance(v, dict):
-            return {str(k): self._put(x, pos) for k, x in v.items()}
+            return {str(k): self._put(x, pos, copies) for k, x in v.items()}
         return wire.encode_value(v)
 
     def close(self) -> None:
