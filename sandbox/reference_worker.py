@@ -806,14 +806,22 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         fmt = job["format"]
         prec = _precision_budget(cfg)
         evidence = Evidence(job.get("manifest"), fmt)
-        for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
-            reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
-                         cfg.trial_timeout_s, f"trial {i}")
-            evidence.add(reply, f"trial {i}")
+        def check(i: int, reply: dict, ref: Any) -> None:
             tr = _check_reply(reply, ref, atol, rtol, i, io, prec)
             out["trials"].append(tr.to_dict())
             if not tr.ok:
                 raise StageFailure(Status.INCORRECT, f"trial {i}: {tr.message}", _trial_violations(tr))
+
+        # trial i's outputs are compared while the candidate runs trial i + 1 (a failure of trial i still ends the
+        # evaluation first, with trial i's verdict)
+        pending: tuple | None = None
+        for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
+            reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
+                         cfg.trial_timeout_s, f"trial {i}", (lambda p=pending: check(*p)) if pending else None)
+            evidence.add(reply, f"trial {i}")
+            pending = (i, reply, ref)
+        if pending is not None:
+            check(*pending)
         if value_job is not None:
             _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
         if shape_jobs:
