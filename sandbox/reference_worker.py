@@ -15,7 +15,8 @@ part, compiling the graph, stays cached.
 
 One evaluation (`run_job`):
 1. draw `num_trials` seeds from the OS (`secrets`), make each input set with `torch.manual_seed(seed);
-   get_inputs()`, and compute the reference outputs, all before any candidate process exists; estimate eager's
+   get_inputs()`, and compute the reference outputs, all before any solution code exists (from a task's second
+   evaluation on, while the candidate worker confines itself and builds its harness); estimate eager's
    time per call (`ProfilePlan`), then hand what the rest of the evaluation needs (the value-range and
    shape-variant trials' inputs and reference outputs, the profile's fresh input sets) to the `Prefetch` thread,
    which makes them while the candidate starts, loads and is verified, and in the profile's untimed parts: it
@@ -116,6 +117,7 @@ class TaskState:
         self.compile_error = ""
         self.compile_ready = False
         self.last_baselines: dict[str, Any] = {}
+        self.segment_bytes = 0  # input segment size the last evaluation needed (0: not evaluated yet)
 
     def make_inputs(self, seed: int) -> list:
         """CPU input set for a seed (the candidate gets these tensors, never the seed)."""
@@ -320,13 +322,16 @@ class CandidateProcess:
             return self.exit_code
         return self.proc.returncode if self.proc is not None else None
 
-    def setup(self, ws: str, fmt: str, jail: JailSpec | None, env: dict[str, str], timeout_s: float) -> dict:
-        """Hand the worker its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied."""
+    def setup(self, ws: str, fmt: str, jail: JailSpec | None, env: dict[str, str], timeout_s: float,
+              meanwhile: Any = None) -> dict:
+        """Hand the worker its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied.
+        meanwhile: trusted work run while the worker sets up (it does not count against timeout_s)."""
         rl = {} if jail is not None else _rlimits(self.cfg, self.device)
         return self.request({"op": "setup", "workspace": ws, "format": fmt, "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
                              "monitor": self.cfg.runtime_monitor,
-                             "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s)
+                             "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
+                            deadline_after_meanwhile=True)
 
     def size_inputs(self, nbytes: int) -> None:
         """Size and seal the input segment (before `setup`); without one, or when that fails, inputs use the wire."""
@@ -374,9 +379,11 @@ class CandidateProcess:
                 pass
         return CandidateDied(self.returncode, self.log_tail())
 
-    def request(self, msg: dict, timeout_s: float, meanwhile: Any = None) -> dict:
+    def request(self, msg: dict, timeout_s: float, meanwhile: Any = None,
+                deadline_after_meanwhile: bool = False) -> dict:
         """Send msg, wait for the reply. Raises wire.ChannelTimeout or CandidateDied. meanwhile: a function this
-        side runs between sending and waiting (work that overlaps the candidate's)."""
+        side runs between sending and waiting (work that overlaps the candidate's); its time counts against
+        timeout_s unless deadline_after_meanwhile."""
         deadline = time.monotonic() + timeout_s
         nonce = secrets.token_hex(16)
         msg = {**msg, "nonce": nonce}
@@ -384,6 +391,8 @@ class CandidateProcess:
             wire.send(self.fd_out, msg, timeout_s=timeout_s)
             if meanwhile is not None:
                 meanwhile()
+                if deadline_after_meanwhile:
+                    deadline = time.monotonic() + timeout_s
             reply = wire.recv(self.fd_in, timeout_s=max(0.01, deadline - time.monotonic()),
                               max_bytes=self.cfg.max_message_bytes)
         except (wire.ChannelClosed, wire.MessageTooLarge, ValueError):
@@ -737,6 +746,12 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     t0 = time.perf_counter()
     key = (job["reference_hash"], device, tuple(sorted((job.get("shape_overrides") or {}).items())))
     state = cache.get(key)
+
+    def reference_failed(e: BaseException, tb: str) -> dict:
+        out.update(status=Status.INTERNAL_ERROR.value, message=f"reference failed: {type(e).__name__}: {e}",
+                   detail=tb[-2000:])
+        return out
+
     try:
         if state is None:
             state = TaskState(job["reference"], job["task_id"], device, job.get("shape_overrides"))
@@ -744,32 +759,42 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             while len(cache) > _MAX_TASKS:
                 cache.popitem(last=False)
         cache.move_to_end(key)
-        seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
-        inputs_cpu = [state.make_inputs(s) for s in seeds]
-        inputs_dev = [state.to_device(x) for x in inputs_cpu]
-        ref_outs = [state.reference_outputs(x) for x in inputs_dev]
-        plan = ProfilePlan(state, cfg, cuda, device, inputs_dev) if cfg.profile else None
     except Exception as e:  # noqa: BLE001 - a broken reference is the sandbox's problem, not the candidate's
-        out.update(status=Status.INTERNAL_ERROR.value, message=f"reference failed: {type(e).__name__}: {e}",
-                   detail=traceback.format_exc()[-2000:])
-        return out
-    # What the rest of the evaluation needs, made in the background from here on (Prefetch: never while timing).
-    pf = Prefetch(cuda, device)
-    value_job = pf.submit(_value_variant_job, state) if cfg.value_variant else None
-    shape_jobs = [(ov, pf.submit(_shape_variant_job, job, cache, device, ov, cfg.shape_variant_trials))
-                  for ov in job.get("shape_variants") or []]
-    if plan is not None:
-        plan.prefetch(pf, state, cfg)
-    out["stage_ms"]["reference"] = (time.perf_counter() - t0) * 1e3
+        return reference_failed(e, traceback.format_exc())
+    ref: dict[str, Any] = {}
+
+    def reference_stage() -> None:
+        """Trial inputs from fresh secret seeds, their reference outputs, the profile's estimate (trusted work)."""
+        tr = time.perf_counter()
+        try:
+            seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
+            ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
+            ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
+            ref["ref_outs"] = [state.reference_outputs(x) for x in ref["inputs_dev"]]
+            ref["plan"] = ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"]) if cfg.profile else None
+        except Exception as e:  # noqa: BLE001
+            ref["error"] = (e, traceback.format_exc())
+        out["stage_ms"]["reference"] = (time.perf_counter() - tr) * 1e3
+
     jail = None
     if job.get("jail_uid") is not None:
         jail = candidate_jail(job["workspace"], job["model_py"], cfg, device, job.get("writable", []), job["jail_uid"])
     cand: CandidateProcess | None = None
+    pf: Prefetch | None = None
     try:
         t1 = time.perf_counter()
         cand = spares.take(device, jail is not None)
-        cand.size_inputs(plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None
-                         else shm_mod.tensor_bytes(inputs_cpu[0]))
+        # The candidate's start (confinement, its harness; no solution code yet) overlaps the reference stage when
+        # the task's segment size is known from an earlier evaluation (the segment is sealed before `setup`).
+        overlap = state.segment_bytes > 0
+        if overlap:
+            cand.size_inputs(state.segment_bytes)
+        else:
+            reference_stage()
+            if "error" in ref:
+                return reference_failed(*ref["error"])
+            cand.size_inputs(ref["plan"].segment_bytes(cfg, ref["inputs_cpu"][0]) if ref["plan"] is not None
+                             else shm_mod.tensor_bytes(ref["inputs_cpu"][0]))
         ws = job["workspace"]
         io = os.path.join(ws, ".io")  # large tensors travel as files (sandbox.wire spill); made by the Evaluator
         env = {"HOME": ws, "TMPDIR": os.path.join(ws, ".tmp"), **(job.get("extra_env") or {})}
@@ -778,12 +803,26 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         try:
             # The spare may still be importing torch: that wait is trusted work, not the candidate's load time.
             try:
-                reply = cand.setup(ws, job["format"], jail, env, SPARE_START_TIMEOUT_S)
+                reply = cand.setup(ws, job["format"], jail, env, SPARE_START_TIMEOUT_S,
+                                   reference_stage if overlap else None)
             except (wire.ChannelTimeout, CandidateDied) as e:
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate worker did not start: {e}") from None
+            if "error" in ref:
+                return reference_failed(*ref["error"])
             if not reply.get("ok"):
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
+            inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
+            needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
+            state.segment_bytes = max(state.segment_bytes, needed)
+            # What the rest of the evaluation needs, made in the background from here on (Prefetch: never while
+            # anything is timed).
+            pf = Prefetch(cuda, device)
+            value_job = pf.submit(_value_variant_job, state) if cfg.value_variant else None
+            shape_jobs = [(ov, pf.submit(_shape_variant_job, job, cache, device, ov, cfg.shape_variant_trials))
+                          for ov in job.get("shape_variants") or []]
+            if plan is not None:
+                plan.prefetch(pf, state, cfg)
             t1 = time.perf_counter()
             reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs, io),
                                   "state_dict": wire.encode_value(state.state_dict, io)}, job["load_timeout_s"])
@@ -845,7 +884,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             out["detail"] = f.detail  # type: ignore[attr-defined]
         return out
     finally:
-        pf.cancel()
+        if pf is not None:
+            pf.cancel()
         if cand is not None:
             try:
                 wire.send(cand.fd_out, {"op": "exit"}, timeout_s=0.2)
