@@ -83,6 +83,7 @@ def test_evaluation_jobs_overtake_queued_training_jobs(client, sols):
     salt = uuid.uuid4().hex
     slow = dict(QUICK, reps=20)
     order: list[str] = []
+    wait_until(lambda: node_status(client, client.endpoints[0])["running"] == 0, 30, "the previous jobs to end")
     blocker = client.submit(job(sols["slow"], salt=salt + "b", settings=slow))
     wait_until(lambda: node_status(client, client.endpoints[0])["running"] == 1, 30, "the blocker to run")
     futs = {}
@@ -99,6 +100,8 @@ def test_evaluation_jobs_overtake_queued_training_jobs(client, sols):
 
 def test_job_whose_deadline_passes_in_the_queue_is_not_run(client, sols):
     salt = uuid.uuid4().hex
+    # the slot's previous job counts as running for a moment after its reply: "running == 1" must be the blocker
+    wait_until(lambda: node_status(client, client.endpoints[0])["running"] == 0, 30, "the previous jobs to end")
     blocker = client.submit(job(sols["slow"], salt=salt, settings=dict(QUICK, reps=20)))
     wait_until(lambda: node_status(client, client.endpoints[0])["running"] == 1, 30, "the blocker to run")
     before = node_status(client, client.endpoints[0])["counts"]
