@@ -129,8 +129,9 @@ def test_result_timed_without_the_lock_is_flagged_contended_and_not_reused(clien
     assert any("re-measure" in line for line in res.result["log"])
     again = client.run(job(sols["fast"], salt=salt))  # same content: measured again, now with the lock
     assert again.result["contended"] is False and again.result["timing"] != res.result["timing"]
-    counts = node_status(client, node.endpoint)["counts"]
-    assert counts.get("contended", 0) >= 1
+    # node status comes with heartbeats: wait for one that counts the contended result
+    assert wait_until(lambda: node_status(client, node.endpoint)["counts"].get("contended", 0) >= 1, 10,
+                      "the contended result in the node's counters")
 
 
 def test_metrics_in_logs_and_at_the_prometheus_endpoint(client, node):
