@@ -9,13 +9,17 @@ and the torch wrappers (`sandbox.integrity`), and snapshots of torch's flags and
 functions. `load` then imports the solution. Each worker serves exactly one evaluation and is killed with its whole
 process tree afterwards. It talks to the trusted side over two inherited pipes (`sandbox.wire`: msgpack, no
 pickle); every reply echoes the request's nonce, which solution code never sees, so a reply written by the solution
-is recognised. It never sees a seed, the reference's outputs or the reference module; only input tensors and
-weights.
+is recognised. Input sets arrive as records of a shared segment (`sandbox.shm`: a sealed memfd inherited at start,
+mapped read-only in `setup`, its descriptor closed then): a trial's set is copied into private memory before
+forward runs (the read-only views are the pristine copy the mutation check compares with); on the CPU a timed
+repetition's sets are used in place. It never sees a seed, the reference's outputs or the reference module; only
+input tensors and weights.
 
 After every candidate phase it checks: violations the monitor recorded, replaced torch / timer / harness
 functions, numerics flags (put back; a change is a violation), outputs that are not plain tensors or do not live in
 memory allocated during the call (`sandbox.guard` FRESH_OPS), outputs that change after forward returned, Python
-threads still running solution code. Memory it is done with (outputs, inputs) is poisoned before release.
+threads still running solution code. Memory it is done with (outputs, inputs) is poisoned before release (the
+read-only segment excepted: the trusted side overwrites it with the next request's inputs).
 
 Requests (map with "op" and "nonce") and replies (each with the nonce):
   setup {workspace, format, jail, env, ...} -> {ok}   (first message only)
