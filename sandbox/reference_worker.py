@@ -1075,7 +1075,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         with torch.no_grad():
             return state.model(*a)
 
-    compiled = state.compiled_model(cfg.compile_mode, x0) if cfg.use_compile else None
+    with pf.quiet():  # torch.compile's first call and its graphs run with the input thread held (as when timed)
+        compiled = state.compiled_model(cfg.compile_mode, x0) if cfg.use_compile else None
     if state.compile_error:
         out["log"].append(state.compile_error)
 
@@ -1099,9 +1100,10 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         warm = [f.result() for f in plan.warmup]
         warm += _make_sets(state, cfg.warmup_calls - len(warm))
         warm_dev = [state.to_device(x) for x in warm]
-        timer.run(eager, warm_dev)
-        if compiled is not None:
-            timer.run(comp, warm_dev)
+        with pf.quiet():
+            timer.run(eager, warm_dev)
+            if compiled is not None:
+                timer.run(comp, warm_dev)
         _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
         _run(cand, {"op": "time"}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
