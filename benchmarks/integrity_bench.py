@@ -8,8 +8,11 @@ by task, so load on the host hits both alike. Per task: the median end-to-end ti
 the task's `fast` solution (build cached after the first), its verify and profile stages, and the ratio.
 
     .venv/bin/python benchmarks/integrity_bench.py [--base REV] [--evals 3] [--tasks a,b] [--compile]
+        [--with-config '{"fresh_calls_per_rep_max": 4}'] [--json raw.json]
 
-Prints a table; record the figures in benchmarks/RESULTS.md (date, machine, command).
+Prints a table; record the figures in benchmarks/RESULTS.md (date, machine, command). --with-config sets
+SandboxConfig fields of the "with" side only (to weigh a knob); --json keeps every evaluation's stages, calls per
+repetition and speed-up interval.
 """
 
 from __future__ import annotations
