@@ -20,6 +20,19 @@ hack needs, at a level the solution cannot switch off:
   identities of torch's public callables (`torch.*`, `torch.nn.functional.*`, `torch.Tensor.*`, `torch.cuda.*`)
   are compared with the trusted snapshot: a monkeypatched torch function is a violation.
 - `python_threads_in_workspace`: Python threads still running candidate code after a call returned.
+- `HookState`: the process-wide callbacks through which code runs later, inside the harness, with no frame of the
+  solution's own making it (gc callbacks and thresholds, signal handlers and interval timers, trace / profile
+  functions, torch function and dispatch mode stacks, the unraisable hook): checked, and put back, at every phase
+  boundary (a change is a `hook` violation).
+- `IdentitySnapshot`: identities (and code objects) of every function and class attribute of the harness's own
+  modules (sandbox.*, sandbox.wire included) and of the callables of the modules it relies on (os, msgpack,
+  builtins, ...), and of the trusted objects' own attributes: a replacement is `harness_tampering`.
+
+The monitor itself is reachable from nowhere the solution can name: no class attribute and no closure of an
+installed wrapper refers to it (a wrapper raises the audit event GUARD_EVENT, which the hook judges; harness code
+that needs the installed monitor asks for it with FETCH_EVENT, which the hook answers only with no solution frame
+on the stack). It judges events whenever a frame of the solution is on the stack, in any phase: candidate code
+that runs inside the harness (a hook that slipped through, a finalizer) is judged like forward.
 """
 
 from __future__ import annotations
@@ -45,6 +58,23 @@ _INTROSPECTION_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents
                          "sys._current_exceptions", "sys.settrace", "sys.setprofile", "sys.addaudithook",
                          "cpython._PySys_ClearAuditHooks", "sys.monitoring.register_callback"}
 _CTYPES_MEMORY = {"ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.dlsym/handle"}
+# file-system changes: solutions write no files (the extension format's load_inline build, at import, excepted)
+_FS_EVENTS = {"os.rename", "os.symlink", "os.link", "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
+              "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.lchmod", "os.mkfifo", "os.mknod",
+              "os.setxattr", "os.removexattr", "shutil.copyfile", "shutil.copymode", "shutil.copystat",
+              "shutil.copytree", "shutil.move", "shutil.rmtree", "shutil.chown", "shutil.make_archive",
+              "shutil.unpack_archive"}
+# standard-library helpers that hand the caller a frame object got through sys._getframe
+_FRAME_HELPERS = ("/inspect.py", "/traceback.py", "/logging/__init__.py", "/bdb.py", "/pdb.py", "/cgitb.py",
+                  "/pydoc.py", "/warnings.py")
+_CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+GUARD_EVENT = "cuda_agent.guarded"  # sys.audit(GUARD_EVENT, kind, detail, direct): a guarded function was called
+FETCH_EVENT = "cuda_agent.monitor"  # sys.audit(FETCH_EVENT, box): harness code asks for the installed monitor
+# every event a rule of Monitor._judge looks at (the hook returns at once for the others)
+_RULED = frozenset({GUARD_EVENT, FETCH_EVENT, "sys._getframe", "sys._getframemodulename", "object.__getattr__",
+                    "object.__setattr__", "object.__delattr__", "exec", "compile", "code.__new__", "function.__new__",
+                    "ctypes.dlopen", "ctypes.dlsym", "open", "mmap.__new__"}
+                   | _INTROSPECTION_EVENTS | _CTYPES_MEMORY | _FS_EVENTS | _PROCESS_EVENTS | _NET_EVENTS)
 DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleGetFunction", "cuDevicePrimaryCtxRetain",
                   "cuCtxGetCurrent", "cuCtxSetCurrent", "cuFuncSetAttribute", "cuInit"}
 DRIVER_LIBS = {"libcuda.so.1", "libcuda.so"}
@@ -56,8 +86,6 @@ class IntegrityError(ImportError):
 
 class Monitor:
     """The audit hook (see module doc). One per process: `Monitor.install(...)`; read `violations`."""
-
-    _instance: "Monitor | None" = None
 
     def __init__(self, workspace: str, fmt: str, allowed_libs: set[str], allowed_symbols: set[str]):
         self.ws = os.path.realpath(workspace).rstrip("/") + "/"
@@ -81,16 +109,27 @@ class Monitor:
             "/etc/ld.so.cache", "/proc/self/status", "/proc/cpuinfo", "/dev/null", "/dev/urandom")
 
     @classmethod
+    def installed(cls) -> "Monitor | None":
+        """The monitor installed in this process, if any (asked through the hook itself: see module doc)."""
+        box: list = []
+        sys.audit(FETCH_EVENT, box)
+        return box[0] if box else None
+
+    @classmethod
     def install(cls, workspace: str, fmt: str, allowed_libs: set[str], allowed_symbols: set[str]) -> "Monitor":
-        if cls._instance is not None:
-            m = cls._instance
+        m = cls.installed()
+        if m is not None:
             m.allowed_libs |= {os.path.realpath(p) if "/" in p else p for p in allowed_libs}
             m.allowed_symbols |= set(allowed_symbols)
             return m
         m = cls(workspace, fmt, allowed_libs, allowed_symbols)
         sys.addaudithook(m._hook)
-        cls._instance = m
         return m
+
+    def config(self) -> tuple:
+        """What the monitor judges by (compared with a trusted copy at every boundary)."""
+        return (self.ws, self.fmt, frozenset(self.allowed_libs), frozenset(self.allowed_symbols),
+                frozenset(self.allowed_files), self.read_roots, self._reference, self._getframe)
 
     # -------------------------------------------------------------------- attribution
     def _is_candidate(self, code: Any) -> bool:
@@ -114,22 +153,53 @@ class Monitor:
 
     # -------------------------------------------------------------------- the hook
     def _hook(self, event: str, args: tuple) -> None:
-        if self._busy or self.phase == "harness":
+        # the cheap filter first: most events (attribute reads such as __code__, id(), imports) have no rule here
+        if event not in _RULED or self._busy:
+            return
+        if event == "object.__getattr__" and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
+            return
+        if event in ("object.__setattr__", "object.__delattr__") and (len(args) < 2 or args[1] not in _CODE_ATTRS):
             return
         self._busy = True
         try:
-            verdict = self._judge(event, args)
+            if event == FETCH_EVENT:
+                verdict = self._fetch(args)
+            elif event == GUARD_EVENT:
+                verdict = self._judge(event, args)
+            elif self.phase == "harness" and not self._candidate_on_stack(2):
+                verdict = None  # harness code only
+            else:
+                verdict = self._judge(event, args)
         finally:
             self._busy = False
         if verdict is not None:
             self.record(*verdict)
             raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
 
+    def _fetch(self, args: tuple) -> tuple[str, str] | None:
+        # seen from here: 0 _fetch... helpers: 0 helper, 1 _fetch, 2 _hook, 3 the frame calling sys.audit
+        if self._candidate_on_stack(3):
+            return ("introspection", "the solution asked for the sandbox's monitor")
+        if args and isinstance(args[0], list):
+            args[0].append(self)
+        return None
+
     def _judge(self, event: str, args: tuple) -> tuple[str, str] | None:  # noqa: C901 - one table of rules
         # seen from the helpers: 0 helper, 1 _judge, 2 _hook, 3 the Python frame that called the C function raising the event
+        if event == GUARD_EVENT:  # (kind, detail, direct): a guarded function's wrapper (frame 3) was called
+            kind, detail, direct = (tuple(args) + ("", "", False))[:3]
+            if kind == "thread" and self.fmt == "extension" and self.phase == "load":
+                return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
+            if self._caller_is_candidate(4) if direct else self._candidate_on_stack(4):
+                return (str(kind), str(detail))
+            return None
         if event in ("sys._getframe", "sys._getframemodulename"):
             if self._caller_is_candidate(3):
                 return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
+            f = self._getframe(2)  # seen from here: 0 _judge, 1 _hook, 2 the frame that called sys._getframe
+            if f is not None and f.f_code.co_filename.endswith(_FRAME_HELPERS) and self._candidate_on_stack(3):
+                return ("introspection", f"sys._getframe called for the solution by {os.path.basename(f.f_code.co_filename)}"
+                                         " (call-stack inspection)")
             return None
         if event == "object.__getattr__":
             name = args[1] if len(args) > 1 else ""
@@ -141,7 +211,7 @@ class Monitor:
             name = args[1] if len(args) > 1 else ""
             # only when the solution's own frame does the write: stdlib code the solution merely imports
             # (collections.namedtuple sets __new__.__defaults__, e.g. under setuptools during load_inline) is not it
-            if name in ("__code__", "__defaults__", "__kwdefaults__") and self._caller_is_candidate(3):
+            if name in _CODE_ATTRS and self._caller_is_candidate(3):
                 return ("tampering", f"the solution replaced {name} of {getattr(obj, '__qualname__', '?')}")
             return None
         if event in ("exec", "compile"):
@@ -174,8 +244,9 @@ class Monitor:
             if self._candidate_on_stack(3):
                 return ("memory_read", f"{event} called by the solution (reading process memory)")
             return None
-        if self.fmt == "extension" and self.phase == "load" and event in ("open", "ctypes.dlopen", "ctypes.dlsym",
-                                                                            "subprocess.Popen", "os.posix_spawn"):
+        if self.fmt == "extension" and self.phase == "load" and (
+                event in ("open", "ctypes.dlopen", "ctypes.dlsym", "subprocess.Popen", "os.posix_spawn")
+                or event in _FS_EVENTS):
             return None  # load_inline builds and loads its module at import (ninja, compilers; confined by the jail)
         if event == "open":
             path = args[0] if args else ""
@@ -202,6 +273,11 @@ class Monitor:
             if self._candidate_on_stack(3):
                 return ("file_access", f"the solution opened {path} (outside its workspace and the Python installation)")
             return None
+        if event in _FS_EVENTS:
+            if self._candidate_on_stack(3):
+                what = args[0] if args else ""
+                return ("file_write", f"{event}({what!r}) by the solution (solutions change no files)")
+            return None
         if event in _PROCESS_EVENTS:
             if self._candidate_on_stack(3):
                 return ("process", f"{event} by the solution")
@@ -219,15 +295,20 @@ class Monitor:
 
 # ------------------------------------------------------------------------------------------------ imports
 def install_import_hook(allowed: set[str], monitor: Monitor) -> None:
-    """Replace builtins.__import__ once (see module doc). Violations go to monitor (kind "import")."""
+    """Replace builtins.__import__ once (see module doc). Violations are kind "import": raised as GUARD_EVENT for the
+    installed monitor (the replacement holds no reference to it), recorded on `monitor` directly when it is not
+    installed (runtime_monitor off)."""
     if getattr(builtins.__import__, "_cuda_agent_guard", False):
         return
     orig = builtins.__import__
     getframe = sys._getframe
+    audit = sys.audit
+    is_candidate = _candidate_test(monitor.ws)
+    record = None if Monitor.installed() is monitor else monitor.record
 
     def guarded(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
         f = getframe(1)
-        if f is not None and monitor._is_candidate(f.f_code):
+        if f is not None and is_candidate(f.f_code):
             statement = f.f_code.co_code[f.f_lasti] == _IMPORT_NAME if f.f_lasti >= 0 else False
             if statement:
                 bad = level != 0 or name not in allowed
@@ -239,7 +320,10 @@ def install_import_hook(allowed: set[str], monitor: Monitor) -> None:
             if bad:
                 how = "imports" if statement else "reaches __import__ for"
                 msg = f"model_new.py {how} {'.' * level}{name} (not on the allow-list)"
-                monitor.record("import", msg)
+                if record is not None:
+                    record("import", msg)
+                else:
+                    audit(GUARD_EVENT, "import", msg, False)
                 raise ImportError(msg)
         return orig(name, globals, locals, fromlist, level)
 
@@ -247,25 +331,28 @@ def install_import_hook(allowed: set[str], monitor: Monitor) -> None:
     builtins.__import__ = guarded
 
 
+def _candidate_test(ws: str) -> Any:
+    """Monitor._is_candidate for a fixed workspace prefix, without a reference to the monitor."""
+
+    def is_candidate(code: Any) -> bool:
+        fn = code.co_filename
+        return fn.startswith(ws) and not fn.endswith("/model.py")
+
+    return is_candidate
+
+
 # ------------------------------------------------------------------------------------------------ threads
 def install_thread_guard(monitor: Monitor) -> None:
     """Refuse new Python threads started from candidate code (threading.Thread.start and _thread.start_new_thread
-    both end in the replaced start function)."""
+    both end in the replaced start function; GUARD_EVENT, judged by the installed monitor in every phase but the
+    extension format's load)."""
     import _thread
 
     orig = _thread.start_new_thread
     if getattr(orig, "_cuda_agent_guard", False):
         return
-
-    def start_new_thread(function, args, kwargs=None):  # noqa: ANN001
-        active = monitor.phase == "call" or (monitor.phase == "load" and monitor.fmt != "extension")
-        if active and monitor._candidate_on_stack(1):
-            monitor.record("thread", "the solution started a thread (work must finish inside forward, on the "
-                                     "device's streams)")
-            raise RuntimeError("starting threads is forbidden in a solution")
-        return orig(function, args, kwargs) if kwargs is not None else orig(function, args)
-
-    start_new_thread._cuda_agent_guard = True  # type: ignore[attr-defined]
+    start_new_thread = _wrap(orig, "thread", "the solution started a thread (work must finish inside forward, on "
+                                             "the device's streams)", direct=False)
     _thread.start_new_thread = start_new_thread
     _thread.start_new = start_new_thread
     threading._start_new_thread = start_new_thread  # type: ignore[attr-defined]
@@ -425,19 +512,19 @@ _BRIDGES_TENSOR = ("numpy", "__array__", "tolist", "__dlpack__")
 _BRIDGES_TORCH = ("from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack")
 
 
-def _wrap(monitor: Monitor, orig: Any, kind: str, what: str) -> Any:
-    getframe = sys._getframe
+def _wrap(orig: Any, kind: str, what: str, direct: bool = True) -> Any:
+    """orig behind GUARD_EVENT: the installed monitor refuses the call (kind, what) when the caller is the solution
+    (direct) or any frame of the solution is on the stack (not direct). The wrapper refers to orig, never to the
+    monitor."""
+    audit = sys.audit
 
     def wrapper(*a: Any, **k: Any) -> Any:
-        if monitor.phase != "harness":
-            f = getframe(1)
-            if f is not None and monitor._is_candidate(f.f_code):
-                monitor.record(kind, what)
-                raise IntegrityError(f"{what} (forbidden in a solution)")
+        audit(GUARD_EVENT, kind, what, direct)
         return orig(*a, **k)
 
     wrapper._cuda_agent_guard = True  # type: ignore[attr-defined]
     wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+    wrapper.__qualname__ = getattr(orig, "__qualname__", wrapper.__name__)
     return wrapper
 
 
@@ -451,21 +538,21 @@ def install_torch_wrappers(monitor: Monitor) -> None:
     for name in _BYPASS_C:
         orig = getattr(torch._C, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(torch._C, name, _wrap(monitor, orig, "guard_bypass", f"torch._C.{name} called by the solution"))
+            setattr(torch._C, name, _wrap(orig, "guard_bypass", f"torch._C.{name} called by the solution"))
     for name in _BYPASS_PY:
         orig = getattr(pd, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(pd, name, _wrap(monitor, orig, "guard_bypass", f"torch.utils._python_dispatch.{name} called by "
+            setattr(pd, name, _wrap(orig, "guard_bypass", f"torch.utils._python_dispatch.{name} called by "
                                                                    "the solution"))
     for name in _BRIDGES_TENSOR:
         orig = getattr(torch.Tensor, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(torch.Tensor, name, _wrap(monitor, orig, "numpy_bridge", f"Tensor.{name}() called by the solution "
+            setattr(torch.Tensor, name, _wrap(orig, "numpy_bridge", f"Tensor.{name}() called by the solution "
                                                                               "(compute outside its kernels)"))
     for name in _BRIDGES_TORCH:
         orig = getattr(torch, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(torch, name, _wrap(monitor, orig, "numpy_bridge", f"torch.{name}() called by the solution "
+            setattr(torch, name, _wrap(orig, "numpy_bridge", f"torch.{name}() called by the solution "
                                                                        "(compute outside its kernels)"))
 
 
@@ -484,3 +571,221 @@ class HarnessSnapshot:
             if cur is not v or getattr(cur, "__code__", None) is not code:
                 out.append(k)
         return out
+
+
+# ------------------------------------------------------------------------------------------------ hooks
+_SIGNAL_SETTERS = ("signal", "setitimer", "alarm", "set_wakeup_fd", "siginterrupt")
+
+
+def install_hook_guards(monitor: Monitor) -> None:
+    """Refuse, when the solution is on the stack (any phase; GUARD_EVENT, kind `hook`): installing signal handlers
+    or interval timers (`signal.signal`, `setitimer`, `alarm`, ...: a handler is handed the interrupted frame and runs
+    wherever the harness is) and changing the collector's thresholds. Refuse, when the solution's own with-statement
+    is the one whose exception is swallowed (kind `fallback`): `contextlib.suppress` and `ExitStack` doing what a try
+    statement does. Whatever gets past these is found by `HookState.check` at the next boundary."""
+    import _signal
+    import contextlib
+    import gc
+    import signal
+
+    for mod in (_signal, signal):
+        for name in _SIGNAL_SETTERS:
+            orig = getattr(mod, name, None)
+            if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+                setattr(mod, name, _wrap(orig, "hook", f"signal.{name} called by the solution (a signal handler runs "
+                                                       "inside the harness)", direct=False))
+    if not getattr(gc.set_threshold, "_cuda_agent_guard", False):
+        gc.set_threshold = _wrap(gc.set_threshold, "hook", "gc.set_threshold called by the solution", direct=False)
+    audit = sys.audit
+    for cls in (contextlib.suppress, contextlib.ExitStack):
+        orig = cls.__exit__
+        if getattr(orig, "_cuda_agent_guard", False):
+            continue
+
+        def __exit__(self, *exc, _orig=orig, _name=cls.__name__):  # noqa: ANN001, N807
+            swallowed = _orig(self, *exc)
+            if swallowed and exc and exc[0] is not None:
+                audit(GUARD_EVENT, "fallback", f"contextlib.{_name} swallowed a {exc[0].__name__} raised in the "
+                                               "solution (a try statement in disguise)", True)
+            return swallowed
+
+        __exit__._cuda_agent_guard = True  # type: ignore[attr-defined]
+        cls.__exit__ = __exit__
+
+
+class HookState:
+    """The process-wide callbacks through which code can run later inside the harness (see module doc), as they
+    were when the worker was built (before any solution code). `check()` lists what changed since, as `hook: ...`
+    violation strings, and puts everything back (so a hook left behind never fires in the harness). ~10 us."""
+
+    def __init__(self) -> None:
+        import _signal
+        import gc
+        import signal
+
+        import torch
+
+        self._gc = gc
+        self._callbacks = gc.callbacks  # the list the collector calls (rebinding gc.callbacks does not change it)
+        self.callbacks0 = tuple(gc.callbacks)
+        self.threshold0 = gc.get_threshold()
+        self._get_threshold = gc.get_threshold
+        self._set_threshold = gc.set_threshold
+        self._sigs = tuple(sorted(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)))
+        self._getsignal, self._signal = _signal.getsignal, _signal.signal
+        self.handlers0 = tuple(map(self._getsignal, self._sigs))
+        self._getitimer, self._setitimer = _signal.getitimer, _signal.setitimer
+        self._timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+        self._sys = sys
+        self._gettrace, self._settrace = sys.gettrace, sys.settrace
+        self._getprofile, self._setprofile = sys.getprofile, sys.setprofile
+        self.trace0, self.profile0 = sys.gettrace(), sys.getprofile()
+        self._threading = threading
+        self.thread_hooks0 = (getattr(threading, "_trace_hook", None), getattr(threading, "_profile_hook", None))
+        self.unraisable0 = sys.unraisablehook
+        C = torch._C
+        self._len_tf, self._pop_tf = C._len_torch_function_stack, C._pop_torch_function_stack
+        self._len_td, self._pop_td = C._len_torch_dispatch_stack, C._pop_torch_dispatch_stack
+        self.tf0, self.td0 = self._len_tf(), self._len_td()
+
+    def check(self) -> list[str]:
+        out = []
+        if self._len_tf() != self.tf0:
+            n = self._len_tf() - self.tf0
+            while self._len_tf() > self.tf0:
+                self._pop_tf()
+            out.append(f"hook: {n} torch function mode(s) left on the stack by the solution")
+        if self._len_td() != self.td0:
+            n = self._len_td() - self.td0
+            while self._len_td() > self.td0:
+                self._pop_td(None)
+            out.append(f"hook: {n} torch dispatch mode(s) left on the stack by the solution")
+        cb = self._callbacks
+        if len(cb) != len(self.callbacks0) or any(a is not b for a, b in zip(cb, self.callbacks0)):
+            cb[:] = self.callbacks0
+            out.append("hook: a garbage-collector callback (gc.callbacks) was added by the solution")
+        if self._get_threshold() != self.threshold0:
+            self._set_threshold(*self.threshold0)
+            out.append("hook: the garbage collector's thresholds were changed by the solution")
+        handlers = tuple(map(self._getsignal, self._sigs))
+        if handlers != self.handlers0:
+            for s, h, h0 in zip(self._sigs, handlers, self.handlers0):
+                if h is not h0:
+                    self._signal(s, h0 if h0 is not None else 0)  # 0: SIG_DFL where no Python handler was set
+                    out.append(f"hook: a handler for signal {s} was installed by the solution")
+        for which in self._timers:
+            if self._getitimer(which) != (0.0, 0.0):
+                self._setitimer(which, 0.0)
+                out.append(f"hook: an interval timer ({which}) was armed by the solution")
+        if self._gettrace() is not self.trace0:
+            self._settrace(self.trace0)
+            out.append("hook: a trace function (sys.settrace) was left by the solution")
+        if self._getprofile() is not self.profile0:
+            self._setprofile(self.profile0)
+            out.append("hook: a profile function (sys.setprofile) was left by the solution")
+        th = self._threading
+        if (getattr(th, "_trace_hook", None), getattr(th, "_profile_hook", None)) != self.thread_hooks0:
+            th._trace_hook, th._profile_hook = self.thread_hooks0  # type: ignore[attr-defined]
+            out.append("hook: threading.settrace / setprofile was called by the solution")
+        if self._sys.unraisablehook is not self.unraisable0:
+            self._sys.unraisablehook = self.unraisable0
+            out.append("hook: sys.unraisablehook was replaced by the solution")
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ identities
+# modules the harness in the candidate's process relies on (their callables must stay the ones loaded before it)
+DEPENDENCIES = ("builtins", "os", "posix", "sys", "time", "select", "struct", "msgpack", "gc", "signal", "_signal",
+                "threading", "_thread", "types", "operator", "itertools", "functools", "contextlib", "json",
+                "secrets", "traceback", "importlib", "math", "stat", "warnings", "mmap", "fcntl", "ctypes")
+_IMMUTABLE = (str, bytes, int, float, bool, complex, frozenset, tuple, type(None))
+
+
+class IdentitySnapshot:
+    """Identities (and code objects) of module attributes, class attributes and objects' own attributes (see
+    module doc); `replaced()` names what changed since. Built from `add_*` calls, checked with C-level map()."""
+
+    def __init__(self) -> None:
+        self._keys: list[str] = []
+        self._owners: list[Any] = []  # a module, a class's mappingproxy or an instance's __dict__
+        self._names: list[str] = []
+        self._vals: list[Any] = []
+        self._fn_keys: list[str] = []
+        self._fn_objs: list[Any] = []
+        self._fn_codes: list[Any] = []
+        self._getters: list[Any] = []
+
+    def _add(self, key: str, owner: Any, name: str, v: Any, getter: Any) -> None:
+        self._keys.append(key)
+        self._owners.append(owner)
+        self._names.append(name)
+        self._vals.append(v)
+        self._getters.append(getter)
+        for f in (v, getattr(v, "__func__", None), getattr(v, "fget", None), getattr(v, "fset", None)):
+            code = getattr(f, "__code__", None) if f is not None else None
+            if isinstance(code, types.CodeType):
+                self._fn_keys.append(key)
+                self._fn_objs.append(f)
+                self._fn_codes.append(code)
+
+    def add_module(self, mod: Any, deep: bool) -> None:
+        """deep (the harness's own modules): every global that is a function, class, module or immutable value,
+        and the attributes of the classes defined there; else: callables and submodules only."""
+        name = mod.__name__
+        d = vars(mod)
+        for n, v in list(d.items()):
+            if n.startswith("__") and n.endswith("__") and n not in ("__import__", "__build_class__"):
+                continue
+            if deep:
+                if not (callable(v) or isinstance(v, (types.ModuleType,) + _IMMUTABLE)) or v is None:
+                    continue
+            elif not (callable(v) or isinstance(v, types.ModuleType)):
+                continue
+            self._add(f"{name}.{n}", d, n, v, dict.get)
+            if deep and isinstance(v, type) and getattr(v, "__module__", None) == name:
+                self.add_class(v, f"{name}.{n}")
+
+    def add_class(self, cls: type, label: str | None = None) -> None:
+        label = label or f"{cls.__module__}.{cls.__qualname__}"
+        d = vars(cls)
+        for n, v in list(d.items()):
+            if n in ("__dict__", "__weakref__", "__doc__", "__module__", "__annotations__", "__slots__",
+                     "__parameters__", "__orig_bases__", "__abstractmethods__", "_abc_impl"):
+                continue
+            self._add(f"{label}.{n}", d, n, v, types.MappingProxyType.get)
+
+    def add_attrs(self, obj: Any, names: list[str], label: str) -> None:
+        """Attributes of one trusted object (its own __dict__)."""
+        d = vars(obj)
+        for n in names:
+            if n in d:
+                self._add(f"{label}.{n}", d, n, d[n], dict.get)
+
+    def replaced(self) -> list[str]:
+        cur = list(map(_get, self._getters, self._owners, self._names))
+        codes = list(map(getattr, self._fn_objs, itertools.repeat("__code__"), itertools.repeat(None)))
+        if not (any(map(operator.is_not, cur, self._vals)) or any(map(operator.is_not, codes, self._fn_codes))):
+            return []
+        out = [k for k, c, v in zip(self._keys, cur, self._vals) if c is not v]
+        out += [k for k, c, code in zip(self._fn_keys, codes, self._fn_codes) if c is not code and k not in out]
+        return out
+
+
+def _get(getter: Any, owner: Any, name: str) -> Any:
+    return getter(owner, name)
+
+
+def harness_identities(extra: dict[str, Any] | None = None) -> IdentitySnapshot:
+    """The IdentitySnapshot of this process's harness now (call before any solution code): every sandbox.* module
+    (deep) and the DEPENDENCIES (callables); extra: {label: (object, [attribute names])} of trusted instances."""
+    snap = IdentitySnapshot()
+    for name, mod in sorted(sys.modules.items()):
+        if mod is None or not isinstance(mod, types.ModuleType):
+            continue
+        if name == "sandbox" or name.startswith("sandbox."):
+            snap.add_module(mod, deep=True)
+        elif name in DEPENDENCIES:
+            snap.add_module(mod, deep=False)
+    for label, (obj, names) in (extra or {}).items():
+        snap.add_attrs(obj, names, label)
+    return snap

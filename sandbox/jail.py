@@ -8,6 +8,10 @@ Mechanism (`mode="namespaces"`, needs root, as on CI and the GPU hosts):
    network namespace (only a loopback device that is down: no connection leaves it), its own mount namespace.
 2. First thing inside (before any untrusted code is imported), `enter(spec)`:
    - binds the workspace on itself so it stays writable, and binds read-only files (the reference copy) read-only;
+   - covers the host's scratch and home folders (`JailSpec.hide`: /tmp, /var/tmp, /home, /root, /work, /mnt,
+     /media, /srv) with an empty tmpfs and binds back only the paths under them that the evaluation needs (the
+     workspace, its spill folder, the interpreter, the repository): other workspaces' names, other users' files and
+     checkouts are not even visible;
    - keeps the paths the interpreter needs reachable for the sandbox uid (when an ancestor such as `/root` is
      closed to it, a tmpfs covers that ancestor and only the needed children are bound back in);
    - remounts every other mount read-only (bind remounts: flags of this namespace's mounts only);
@@ -47,6 +51,7 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
 
 _SKIP_REMOUNT = ("/proc", "/dev", "/sys")
+DEFAULT_HIDE = ("/tmp", "/var/tmp", "/home", "/root", "/work", "/mnt", "/media", "/srv")
 
 
 class JailError(RuntimeError):
@@ -64,6 +69,8 @@ class JailSpec:
       uid: uid/gid to run as; < 0 keeps uid 0 but drops every capability.
       expose: paths (interpreter, libraries, repository) the uid must be able to reach.
       rlimits: {"cpu_s", "fsize_bytes", "nproc", "nofile", "as_bytes"}; 0 or missing = unchanged.
+      hide: folders covered with an empty tmpfs, the needed paths under them (workspace, writable, readonly,
+        expose) bound back (see module doc); [] hides nothing.
     """
 
     workspace: str
@@ -72,6 +79,7 @@ class JailSpec:
     uid: int = 65534
     expose: list[str] = dataclasses.field(default_factory=list)
     rlimits: dict[str, int] = dataclasses.field(default_factory=dict)
+    hide: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -157,6 +165,36 @@ def _expose(lib: ctypes.CDLL, paths: list[str], uid: int) -> None:
     raise JailError(f"could not make {paths} reachable for uid {uid}")
 
 
+def _hide(lib: ctypes.CDLL, roots: list[str], needed: list[str]) -> None:
+    """Cover each root folder with an empty tmpfs and bind the needed paths under it back in (see module doc)."""
+    needed = sorted({os.path.realpath(p) for p in needed if p})
+    for root in roots:
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue
+        root = os.path.realpath(root)
+        keep = [p for p in needed if p == root or p.startswith(root + "/")]
+        if root in keep:
+            continue  # needed whole
+        keep = [p for p in keep if not any(q != p and p.startswith(q + "/") for q in keep) and os.path.lexists(p)]
+        fds = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep}
+        try:
+            _mount(lib, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+            for p, fd in fds.items():
+                parent = root
+                for part in Path(p).relative_to(root).parts[:-1]:
+                    parent = os.path.join(parent, part)
+                    if not os.path.isdir(parent):
+                        os.mkdir(parent, 0o755)
+                if stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.mkdir(p, 0o755)
+                else:
+                    open(p, "w").close()
+                _mount(lib, f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+
 def _drop_capabilities(lib: ctypes.CDLL) -> None:
     for cap in range(64):
         if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 1:  # EPERM
@@ -206,6 +244,8 @@ def enter(spec: JailSpec) -> None:
         f = os.path.realpath(f)
         _mount(lib, f, f, None, MS_BIND)
         _mount(lib, None, f, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    if spec.hide:
+        _hide(lib, list(spec.hide), list(spec.expose) + keep_rw + list(spec.readonly))
     if spec.uid > 0:
         _expose(lib, list(spec.expose) + keep_rw, spec.uid)
     ro_files = {os.path.realpath(f) for f in spec.readonly}

@@ -26,6 +26,12 @@ FORBIDDEN_ATTRS = {"__globals__", "__builtins__", "__subclasses__", "__code__", 
                    "launch_counts", "_count", "ctypes", "tb_frame", "_C", "sys"}
 
 
+# methods through which a class of the solution runs code out of the harness's sight
+_HOOK_METHODS = {"__exit__": "a context manager can swallow exceptions like a try statement",
+                 "__aexit__": "a context manager can swallow exceptions like a try statement",
+                 "__del__": "a finalizer runs whenever the garbage collector frees the object, inside the harness"}
+
+
 def allowed_imports(fmt: str) -> set[str]:
     """Modules model_new.py may import in format `fmt` (anything else is forbidden)."""
     return ALLOWED_IMPORTS | (EXTENSION_IMPORTS if fmt == "extension" else set())
@@ -65,6 +71,10 @@ def check_model_new(src: str, fmt: str) -> tuple[list[Violation], str | None]:
         elif isinstance(node, ast.ClassDef):
             if node.name == "ModelNew":
                 has_model_new = True
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in _HOOK_METHODS:
+                    out.append(Violation("static", f"model_new.py:{item.lineno}: {node.name}.{item.name} is not "
+                                                   f"allowed ({_HOOK_METHODS[item.name]})"))
             for b in node.bases:
                 name = b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
                 if name == "Model":
