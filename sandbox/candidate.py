@@ -15,21 +15,34 @@ forward runs (the read-only views are the pristine copy the mutation check compa
 repetition's sets are used in place. It never sees a seed, the reference's outputs or the reference module; only
 input tensors and weights.
 
-After every candidate phase it checks: violations the monitor recorded, replaced torch / timer / harness
-functions, numerics flags (put back; a change is a violation), outputs that are not plain tensors or do not live in
-memory allocated during the call (`sandbox.guard` FRESH_OPS), outputs that change after forward returned, Python
-threads still running solution code. Memory it is done with (outputs, inputs) is poisoned before release (the
-read-only segment excepted: the trusted side overwrites it with the next request's inputs).
+After every candidate phase it checks: violations the monitor recorded, replaced torch / timer / harness functions
+(every function of the sandbox.* modules and the callables of the modules they rely on, by identity and code
+object), hooks left behind (`sandbox.integrity.HookState`: gc callbacks and thresholds, signal handlers and
+interval timers, trace / profile functions, torch function / dispatch mode stacks; put back), launches of the
+solution's kernels outside forward, numerics flags (put back; a change is a violation), outputs that are not exact
+tensors / tuples / lists / dicts (checked by type before the harness walks them), that do not live in memory
+allocated during the call (`sandbox.guard` FRESH_OPS), or that change after forward returned, and Python threads
+still running solution code. The same checks (hooks, identities) run before and after every request in the serve
+loop, which replies through a channel bound before the import (`sandbox.wire.private_channel`). Memory it is done
+with (outputs, inputs) is poisoned before release (the read-only segment excepted: the trusted side overwrites it
+with the next request's inputs; and the buffers of the timed outputs' copies, kept from one repetition to the
+next, never freed).
+
+Timing (see sandbox.timing for what the trusted side believes): a repetition's input sets arrive with its `time`
+request (never earlier: nothing of them is in this process before the request that times them); each timed
+call's outputs are checked for hooks and copied right after the call, inside the request, and `sample` reads
+those copies (and reports an output that changed after its copy as `write_after_return`). `calibrate` runs the
+same request path with a no-op in place of forward; the trusted side sends it only before `load`, while no
+solution code exists, and takes the round trip and the harness's own per-call cost from it.
 
 Requests (map with "op" and "nonce") and replies (each with the nonce):
-  setup {workspace, format, jail, env, ...} -> {ok}   (first message only)
+  setup {workspace, io, format, jail, env, ...} -> {ok}   (first message only)
   load  {init_inputs, state_dict}           -> {ok, log} | {ok: False, status, error, violations}
   run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated, launches, ops, notes} | error
-  stage {input_sets}                        -> {ok, n}   (fresh inputs of the next timed repetition, one per call)
-  time  {}                                  -> {ok, ms_per_call, loop_ms, event_ms, calls, launches} | error
-  sample {positions, full, next_sets?}      -> {ok, samples, full, n?} | error  (checks of the repetition, then
-                                               scrub; then, with next_sets, the next repetition's stage)
-  ping  {}                                  -> {ok}   (the trusted side's round-trip reference)
+  time  {input_sets}                        -> {ok, ms_per_call, loop_ms, event_ms, calls, launches, prep_ms} | error
+  calibrate {input_sets, outputs}           -> as time, forward replaced by a no-op (before load only)
+  sample {positions, full}                  -> {ok, samples, full} | error  (checks of the repetition, then scrub)
+  ping  {}                                  -> {ok}   (the trusted side's round-trip reference, before load)
   exit  {}                                  -> process exits
 """
 
@@ -52,15 +65,51 @@ def _tb(ws: str) -> str:
 
 
 def _tensors(v: Any) -> list:
+    """The tensors of a value, walking exact tuples, lists and dicts only (type(), never isinstance: a subclass's
+    __iter__, __class__ or __torch_function__ would be solution code run by the harness)."""
     import torch
 
-    if isinstance(v, torch.Tensor):
+    t = type(v)
+    if t is torch.Tensor:
         return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for x in v for t in _tensors(x)]
-    if isinstance(v, dict):
-        return [t for x in v.values() for t in _tensors(x)]
+    if t is list or t is tuple:
+        return [x for e in v for x in _tensors(e)]
+    if t is dict:
+        return [x for e in dict.values(v) for x in _tensors(e)]
     return []
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def _structure(v: Any, where: str = "output") -> list[str]:
+    """lazy_output violations for anything in a forward result that is not an exact torch.Tensor, tuple, list, dict
+    or plain scalar (checked before the harness touches the result in any other way)."""
+    import torch
+
+    t = type(v)
+    if t is torch.Tensor or t in _SCALARS:
+        return []
+    if t is list or t is tuple:
+        return [x for i, e in enumerate(v) for x in _structure(e, f"{where}[{i}]")]
+    if t is dict:
+        return [x for k, e in dict.items(v) for x in _structure(e, f"{where}[{k!r}]")]
+    return [f"lazy_output: {where} is a {t.__name__}, not a plain torch.Tensor, tuple, list or dict (a subclass runs "
+            "code when the harness reads it)"]
+
+
+def _rebuild(v: Any, tensors: Any) -> Any:
+    """v's structure with its tensors replaced, in order, by the next items of the iterator `tensors`."""
+    import torch
+
+    t = type(v)
+    if t is torch.Tensor:
+        return next(tensors)
+    if t is list or t is tuple:
+        return t(_rebuild(e, tensors) for e in v)
+    if t is dict:
+        return {k: _rebuild(e, tensors) for k, e in dict.items(v)}
+    return v
 
 
 def _overlaps(a, b) -> bool:
@@ -73,14 +122,16 @@ def _overlaps(a, b) -> bool:
 
 class Worker:
     def __init__(self, ws: str, device: str, fmt: str, flush_bytes: int = 0, monitor: bool = True,
-                 shm: Any = None):
+                 shm: Any = None, io: str | None = None):
+        import contextlib
+
         import torch
 
-        from sandbox import runtime
+        from sandbox import runtime, wire
         from sandbox import guard as guard_mod
         from sandbox import integrity
-        from sandbox.integrity import (HarnessSnapshot, Monitor, StateSnapshot, install_import_hook,
-                                       install_thread_guard, install_torch_wrappers)
+        from sandbox.integrity import (HarnessSnapshot, HookState, Monitor, StateSnapshot, install_hook_guards,
+                                       install_import_hook, install_thread_guard, install_torch_wrappers)
         from sandbox.static_check import allowed_imports
         from sandbox.timing import Timer, l2_flush_buffer
 
@@ -91,17 +142,22 @@ class Worker:
         self.model = None
         self.inputs: tuple = ()
         self.cuda = device.startswith("cuda")
-        self.io = os.path.join(ws, ".io")  # large tensors travel as files here (sandbox.wire spill)
+        # large tensors travel as files in the spill folder (beside the workspace), reached through this directory
+        # fd, opened now, before any solution code exists (sandbox.wire.SpillDir)
+        self.io = wire.SpillDir.open(io or os.path.join(ws, ".io"))
         self.shm = shm  # the read-only input segment (sandbox.shm.InputMapping), or None
+        self._encode, self._decode = wire.encode_value, wire.decode_value
         # Trusted pieces, built before any candidate code exists (sandbox.integrity, sandbox.timing).
         self.runtime = runtime
         self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None)
         libs, syms = _manifest_allow_list()
         self.monitor = Monitor.install(ws, fmt, libs, syms) if monitor else Monitor(ws, fmt, libs, syms)
+        self.hooks = HookState()  # before the guards below: it keeps the original signal functions to put back
         install_import_hook(allowed_imports(fmt), self.monitor)
         if monitor:
             install_thread_guard(self.monitor)
             install_torch_wrappers(self.monitor)
+            install_hook_guards(self.monitor)
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({
@@ -114,22 +170,39 @@ class Worker:
             "ComputeGuard.__init__": (guard_mod.ComputeGuard, "__init__"), "sandbox.guard._DISPATCH": (guard_mod, "_DISPATCH"),
             "Worker._call": (W, "_call"), "Worker._check_outputs": (W, "_check_outputs"),
             "Worker._integrity": (W, "_integrity"), "Worker.run": (W, "run"), "Worker.time": (W, "time"),
-            "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"), "Worker.stage": (W, "stage"),
+            "Worker.sample": (W, "sample"), "Worker._scrub": (W, "_scrub"), "Worker._after_call": (W, "_after_call"),
             "Worker._private": (W, "_private"), "Worker._in_shm": (W, "_in_shm"), "Worker._drop_rep": (W, "_drop_rep"),
-            "Worker._stage": (W, "_stage"),
+            "Worker._timed": (W, "_timed"), "Worker._timed_calls": (W, "_timed_calls"),
+            "Worker._copies": (W, "_copies"),
             "Monitor._hook": (Monitor, "_hook"), "Monitor._judge": (Monitor, "_judge"),
             "Monitor._is_candidate": (Monitor, "_is_candidate"),
             "integrity.python_threads_in_workspace": (integrity, "python_threads_in_workspace"),
             "runtime._count": (runtime, "_count"), "runtime.launch_counts": (runtime, "launch_counts"),
+            "contextlib.suppress.__exit__": (contextlib.suppress, "__exit__"),
+            "contextlib.ExitStack.__exit__": (contextlib.ExitStack, "__exit__"),
         })
         self.equal = torch.equal
         self.guard_cls = guard_mod.ComputeGuard
         self.guard_tables = (guard_mod.ALLOWED_OPS, guard_mod.FRESH_OPS, guard_mod.POISON_ALLOC)
+        self._dispatch = guard_mod._DISPATCH
+        self._poison = guard_mod.poison_
         self.notes: list[str] = []
-        self.staged: list = []
-        self.timed_out: list = []
-        self.timed_guards: list = []
+        self.timed: tuple = ([], [], [], [])  # the last repetition: (inputs, outputs, their copies, guards)
+        self._copy_pool: dict = {}  # (call, output) -> buffer of the copies of timed outputs (Worker._copies)
         self.last_guard: Any = None
+        self.param_ptrs: set[int] = set()
+        self._launch_mark = self._launch_total()
+        self._late_launches = 0
+        self._monitor_config = self.monitor.config()
+        # every function of the harness's modules, the callables of what they rely on, and the trusted objects' own
+        # attributes, as they are now (before any solution code)
+        self.identities = integrity.harness_identities({
+            "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "state", "harness", "equal", "guard_cls",
+                              "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison", "ws", "fmt",
+                              "device", "cuda"]),
+            "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs"]),
+            "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
+        })
 
     def _to_device(self, v: Any) -> Any:
         torch = self.torch
@@ -147,14 +220,34 @@ class Worker:
             status = "runtime_error"
         return {"ok": False, "status": status, "error": err, "violations": violations or []}
 
-    def _integrity(self) -> list[str]:
-        """Violations of the in-process defences since the last look (as 'kind: detail' strings), plus tampering
-        with torch's callables or the timer; torch's flags are put back (noted, not a violation)."""
+    def _launch_total(self) -> int:
+        return sum(self.runtime.launch_counts.values())
+
+    def _integrity(self, full: bool = True) -> list[str]:
+        """Violations of the in-process defences since the last look (as 'kind: detail' strings): what the monitor
+        recorded, hooks left behind (put back), launches outside forward, and (full: about 1 ms) replaced torch
+        callables, timer, harness functions or trusted attributes; torch's flags are put back (noted; numerics
+        flags are a violation)."""
         out = [f"{k}: {d}" for k, d in self.monitor.violations]
         self.monitor.violations.clear()
-        out += [f"monkeypatch: torch function {n} was replaced by the solution" for n in self.state.replaced()[:4]]
-        out += [f"timer_tampering: {n} was replaced by the solution" for n in self.timer.tampered()]
-        out += [f"harness_tampering: {n} was replaced by the solution" for n in self.harness.replaced()]
+        out += self.hooks.check()
+        if full:
+            out += [f"monkeypatch: torch function {n} was replaced by the solution" for n in self.state.replaced()[:4]]
+            out += [f"timer_tampering: {n} was replaced by the solution" for n in self.timer.tampered()]
+            out += [f"harness_tampering: {n} was replaced by the solution" for n in self.harness.replaced()]
+            out += [f"harness_tampering: {n} was replaced by the solution" for n in self.identities.replaced()[:8]]
+            if self.monitor.config() != self._monitor_config:
+                out.append("harness_tampering: the monitor's configuration was changed by the solution")
+        if self.monitor._busy:
+            out.append("harness_tampering: the monitor was switched off by the solution")
+        n = self._launch_total()
+        if n != self._launch_mark:
+            self._late_launches += n - self._launch_mark
+            self._launch_mark = n
+        if self._late_launches:
+            out.append(f"hook: {self._late_launches} launch(es) of the solution's kernels outside forward (work "
+                       "deferred past the call)")
+            self._late_launches = 0
         changed = self.state.restore_flags()
         numerics = [c for c in changed if c.split(" ")[0] in self.state.NUMERICS]
         out += [f"global_state: the solution changed torch's {c}" for c in numerics]
@@ -164,8 +257,6 @@ class Worker:
         return out
 
     def load(self, msg: dict) -> dict:
-        from sandbox import wire
-
         self.monitor.phase = "load"
         try:
             import importlib
@@ -179,11 +270,16 @@ class Worker:
             return self._error("load_error")
         finally:
             self.monitor.phase = "harness"
-        if not hasattr(mod, "ModelNew"):
-            return {"ok": False, "status": "load_error", "error": "model_new.py defines no ModelNew", "violations": []}
+        # hooks the import left behind are found (and removed) before the harness runs any further code
+        viol = self._integrity()
+        if viol:
+            return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+        if type(getattr(mod, "ModelNew", None)) is not type:
+            return {"ok": False, "status": "load_error", "error": "model_new.py defines no class ModelNew",
+                    "violations": []}
         try:
-            init_inputs = wire.decode_value(msg["init_inputs"], self.io)
-            state = wire.decode_value(msg["state_dict"], self.io)
+            init_inputs = self._decode(msg["init_inputs"], self.io)
+            state = self._decode(msg["state_dict"], self.io)
             self.monitor.phase = "load"
             model = mod.ModelNew(*init_inputs)
             if not isinstance(model, self.torch.nn.Module):
@@ -191,6 +287,11 @@ class Worker:
                         "violations": []}
             res = model.load_state_dict(state, strict=False)
             model = model.to(self.device).eval()
+            missing, unexpected = list(res.missing_keys), list(res.unexpected_keys)
+            # the storages of its weights, taken now (load phase): the harness never calls the model's own methods
+            # outside a guarded call again (a solution can override parameters() and buffers())
+            params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
         except BaseException:  # noqa: BLE001
             self.monitor.phase = "harness"
             viol = self._integrity()
@@ -198,11 +299,13 @@ class Worker:
         finally:
             self.monitor.phase = "harness"
         self.model = model
+        self.param_ptrs = params
+        self._launch_mark = self._launch_total()  # launches at import and construction are allowed
         log = []
-        if res.missing_keys:
-            log.append(f"ModelNew has parameters/buffers the reference lacks (kept their own values): {res.missing_keys[:8]}")
-        if res.unexpected_keys:
-            log.append(f"reference weights ModelNew did not take: {res.unexpected_keys[:8]}")
+        if missing:
+            log.append(f"ModelNew has parameters/buffers the reference lacks (kept their own values): {missing[:8]}")
+        if unexpected:
+            log.append(f"reference weights ModelNew did not take: {unexpected[:8]}")
         viol = self._integrity()
         if viol:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
@@ -210,29 +313,49 @@ class Worker:
 
     def _call(self, inputs: tuple, poison: bool) -> tuple[Any, list[str], Any]:
         torch = self.torch
+        n = self._launch_total()
+        if n != self._launch_mark:  # launches since the last call returned: outside forward
+            self._late_launches += n - self._launch_mark
         g = self.guard_cls(poison=poison, tables=self.guard_tables)
         self.last_guard = g
         self.monitor.phase = "call"
         try:
-            with torch.no_grad(), g:
+            # the guard outermost: no_grad's exit (which a torch function mode sees) still runs under it
+            with g, torch.no_grad():
                 out = self.model(*inputs)
         finally:
             self.monitor.phase = "harness"
+            self._launch_mark = self._launch_total()
         return out, list(g.violations), g
+
+    def _guard_intact(self, g: Any) -> list[str]:
+        """The guard instance's own attributes are the ones it was built with (a solution that reached it through a
+        frame could swap its dispatch function or tables for one call)."""
+        d = vars(g)
+        fn = d.get("__torch_dispatch__")
+        ok = (type(g) is self.guard_cls and getattr(fn, "__func__", None) is self._dispatch
+              and getattr(fn, "__self__", None) is g and d.get("_allowed") is self.guard_tables[0]
+              and d.get("_fresh") is self.guard_tables[1] and d.get("_poison_alloc") is self.guard_tables[2]
+              and d.get("_poison_fn") is self._poison)
+        return [] if ok else ["harness_tampering: the dispatch guard of the call was modified by the solution"]
+
+    def _after_call(self, out: Any, g: Any) -> list[str]:
+        """Right after forward returned, before the harness touches the result: hooks left behind (removed),
+        the guard instance, the structure of the result. Violation strings."""
+        viol = self.hooks.check()
+        viol += self._guard_intact(g)
+        viol += _structure(out)
+        return viol
 
     def _check_outputs(self, out: Any, g: Any, inputs: tuple = ()) -> list[str]:
         """Outputs must be plain tensors living in memory allocated during this call (see sandbox.guard); an output
         that aliases an input is left to the alias rule (incorrect)."""
-        torch = self.torch
         viol = []
         ins = _tensors(inputs)
-        for i, o in enumerate(_tensors(out)):
-            if isinstance(o, torch.Tensor) and any(_overlaps(o, t) for t in ins):
+        for i, o in enumerate(_tensors(out)):  # exact tensors only (_structure reported anything else)
+            if any(_overlaps(o, t) for t in ins):
                 continue
-            if type(o) is not torch.Tensor:
-                viol.append(f"lazy_output: output {i} is a {type(o).__name__}, not a plain torch.Tensor "
-                            "(tensor subclasses could compute later)")
-            elif o.numel() and o.untyped_storage().data_ptr() not in g.fresh:
+            if o.numel() and o.untyped_storage().data_ptr() not in g.fresh:
                 viol.append(f"stale_output: output {i} was not allocated during this call (a cached, replayed, "
                             "import-time or foreign tensor)")
         return viol
@@ -257,11 +380,10 @@ class Worker:
         return dict(self.runtime.launch_counts)
 
     def run(self, msg: dict) -> dict:
-        from sandbox import wire
         from sandbox.integrity import python_threads_in_workspace
 
         torch = self.torch
-        received = wire.decode_value(msg["inputs"], self.io, self.shm)
+        received = self._decode(msg["inputs"], self.io, self.shm)
         # forward gets private copies; the pristine inputs to check them against afterwards are the read-only
         # segment views themselves where they are on this device (no second copy), else clones
         self.inputs = tuple(self._private(received))
@@ -284,19 +406,22 @@ class Worker:
                 return {"ok": False, "status": "forbidden", "error": str(exc),
                         "violations": viol + integ or [str(exc)]}
             return self._error("runtime_error")
-        snapshot = [o.detach().clone() for o in _tensors(out) if isinstance(o, torch.Tensor)]
-        viol = viol + self._integrity() + self._check_outputs(out, g, self.inputs)
+        viol = viol + self._after_call(out, g)
+        if viol:  # nothing of the result is touched: it may not be what it seems
+            return {"ok": False, "status": "forbidden", "error": "", "violations": viol + self._integrity()}
+        outs = _tensors(out)
+        snapshot = [o.detach().clone() for o in outs]
+        viol = self._integrity(full=False) + self._check_outputs(out, g, self.inputs)
         if viol:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
         launches = {k: v - launches0.get(k, 0) for k, v in self._launches().items() if v - launches0.get(k, 0)}
-        outs = _tensors(out)
         ins = _tensors(self.inputs)
         alias = [f"output {i} shares memory with input {j}" for i, o in enumerate(outs) for j, t in enumerate(ins)
                  if _overlaps(o, t)]
         mutated = [f"input {j} was modified by forward" for j, (a, b) in enumerate(zip(ins, before))
                    if not (a.shape == b.shape and self.equal(a, b))]
         try:
-            enc = wire.encode_value(out, self.io)
+            enc = self._encode(out, self.io)
         except (TypeError, RuntimeError) as e:
             return {"ok": False, "status": "runtime_error", "error": f"forward returned something that is not "
                                                                       f"tensors: {e}", "violations": []}
@@ -304,10 +429,10 @@ class Worker:
         late = [f"write_after_return: output {i} changed after forward returned" for i, (o, s) in
                 enumerate(zip(outs, snapshot)) if not _same(o, s, self.equal)]
         late += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
-        late += self._integrity()
+        late += self._integrity()  # everything, before the outputs leave (the serve loop looks again)
         if late:
             return {"ok": False, "status": "forbidden", "error": "", "violations": late}
-        self._scrub(outs, ins)
+        self._scrub(outs, ins, snapshot)
         return {"ok": True, "outputs": enc, "violations": [], "alias": alias, "mutated": mutated,
                 "launches": launches, "ops": dict(g.ops_seen), "notes": self._take_notes()}
 
@@ -317,120 +442,178 @@ class Worker:
 
     def _scrub(self, *groups: list) -> None:
         """Overwrite memory the harness is done with (outputs, inputs) before it is freed, so a later allocation
-        that reuses it holds poison, not an earlier result."""
-        from sandbox.guard import poison_
-
-        params = {p.untyped_storage().data_ptr() for p in self.model.parameters()} if self.model is not None else set()
-        params |= {b.untyped_storage().data_ptr() for b in self.model.buffers()} if self.model is not None else set()
+        that reuses it holds poison, not an earlier result (the model's weights, taken at load, are left alone)."""
+        params = self.param_ptrs
+        torch = self.torch
         for grp in groups:
             for t in grp:
-                if isinstance(t, self.torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in params \
+                if type(t) is torch.Tensor and t.numel() and t.untyped_storage().data_ptr() not in params \
                         and not self._in_shm(t):  # the segment is read-only here (the trusted side rewrites it)
                     try:
-                        poison_(t)
+                        self._poison(t)
                     except RuntimeError:
                         pass
 
-    def stage(self, msg: dict) -> dict:
-        """Receive the input sets of the next timed repetition (fresh per call; untimed)."""
-        from sandbox import wire
-
-        self._drop_rep()
-        return self._stage(msg["input_sets"])
-
-    def _stage(self, rec: Any) -> dict:
-        from sandbox import wire
-
-        sets = wire.decode_value(rec, self.io, self.shm)
-        # on the CPU the timed calls read the read-only segment views in place (no copy); on a GPU they are copied
-        # to the device here, untimed
-        self.staged = [tuple(self._to_device(s)) for s in sets]
-        if self.cuda:
-            self.torch.cuda.synchronize()
-        return {"ok": True, "n": len(self.staged)}
-
     def _drop_rep(self) -> None:
-        if self.timed_out or self.staged:
-            self._scrub([t for o in self.timed_out for t in _tensors(o)], [t for s in self.staged for t in _tensors(s)])
-        self.timed_out = []
-        self.timed_guards = []
-        self.staged = []
+        staged, outs, finals, _ = self.timed
+        if staged or outs:  # the copies' buffers are kept for the next repetition (never freed: nothing reuses them)
+            self._scrub([t for o in outs for t in _tensors(o)], [t for s in staged for t in _tensors(s)])
+        self.timed = ([], [], [], [])
 
     def time(self, msg: dict) -> dict:
-        """Time one call per staged input set (sandbox.timing.Timer); keep the outputs for `sample`. Only the calls
-        and the reply happen here (the trusted side's wall clock around this request must match the in-process
-        figure); the checks of the outputs and of the process run in `sample`."""
-        if not self.staged:
-            return {"ok": False, "status": "internal_error", "error": "time: no staged inputs", "violations": []}
+        """Time one call per input set of the request (sandbox.timing.Timer); keep the outputs' copies for
+        `sample`. The sets arrive with this request; after each call (off the in-process clock, inside the request)
+        the hooks are checked and the outputs copied, so work deferred past a call either lands inside the trusted
+        wall clock around this request or changes an output after its copy (`sample` reports it)."""
+        return self._timed(msg, None)
+
+    def calibrate(self, msg: dict) -> dict:
+        """`time` with a no-op in place of forward that returns fresh tensors of msg["outputs"] ([shape, dtype]
+        pairs): the harness's own cost per call, for the trusted side (before load only: no solution code)."""
+        if self.model is not None:
+            return {"ok": False, "status": "internal_error", "error": "calibrate after load", "violations": []}
+        torch = self.torch
+        shapes = [(tuple(int(d) for d in sh), getattr(torch, str(dt))) for sh, dt in msg.get("outputs") or []
+                  if str(dt) in _DTYPE_NAMES]
+
+        def noop(inputs: tuple) -> Any:  # written memory, as a kernel's outputs are (the copies after it cost the same)
+            outs = tuple(torch.zeros(sh, dtype=dt, device=self.device) for sh, dt in shapes)
+            return outs[0] if len(outs) == 1 else outs
+
+        return self._timed(msg, noop)
+
+    def _timed(self, msg: dict, fn: Any) -> dict:
+        import gc
+
+        # no collection inside the request: a finalizer of the solution's garbage cannot run between its calls and
+        # their copies (it runs later, after the copies, where a write shows); no collector pause in a timed call
+        gc_on = gc.isenabled()
+        gc.disable()
+        try:
+            return self._timed_calls(msg, fn)
+        finally:
+            if gc_on:
+                gc.enable()
+
+    def _timed_calls(self, msg: dict, fn: Any) -> dict:
+        torch = self.torch
+        self._drop_rep()
+        perf = self.timer._perf
+        t0 = perf()
+        sets = self._decode(msg["input_sets"], self.io, self.shm)
+        # on the CPU the timed calls read the read-only segment views in place (no copy); on a GPU they are copied
+        # to the device here (inside the request, off the in-process clock)
+        staged = [tuple(self._to_device(x)) for x in sets]
+        if self.cuda:
+            torch.cuda.synchronize()
+        prep_ms = (perf() - t0) * 1e3
         outs: list = []
+        finals: list = []
         guards: list = []
         viol: list = []
 
-        def once(inputs: tuple) -> Any:
-            out, v, g = self._call(inputs, False)
-            guards.append(g)
+        if fn is None:
+            def once(inputs: tuple) -> Any:
+                out, v, g = self._call(inputs, False)
+                guards.append(g)
+                if v:
+                    viol.extend(v)
+                return out
+        else:
+            def once(inputs: tuple) -> Any:
+                guards.append(None)
+                return fn(inputs)
+
+        def after(out: Any) -> None:
+            g = guards[-1]
+            v = self._after_call(out, g) if g is not None else self.hooks.check() + _structure(out)
+            outs.append(out)
             if v:
                 viol.extend(v)
-            return out
+                finals.append(None)
+                return
+            finals.append(self._copies(len(finals), _tensors(out)))  # the outputs as they are now: final
 
-        launches0 = sum(self.runtime.launch_counts.values())
+        launches0 = self._launch_total()
         try:
-            r = self.timer.run(once, self.staged, outs.append)
+            r = self.timer.run(once, staged, after)
+            if self.cuda:
+                torch.cuda.synchronize()  # the copies are done
         except BaseException:  # noqa: BLE001
+            self.timed = (staged, outs, [f for f in finals], guards)
             viol = viol + self._integrity()
             if viol:
                 return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
             return self._error("runtime_error")
-        self.timed_out = outs
-        self.timed_guards = guards
+        self.timed = (staged, outs, finals, guards)
         if viol:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
-        return {"ok": True, **r, "launches": sum(self.runtime.launch_counts.values()) - launches0, "violations": []}
+        return {"ok": True, **r, "launches": self._launch_total() - launches0, "prep_ms": prep_ms, "violations": []}
+
+    def _copies(self, k: int, ts: list) -> list:
+        """Copies of timed call k's output tensors, into buffers the harness keeps from one repetition to the next
+        (no fresh pages to fault in per call: the copies cost a memcpy, the same in `calibrate` as in `time`)."""
+        torch = self.torch
+        out = []
+        for i, t in enumerate(ts):
+            key = (k, i)
+            buf = self._copy_pool.get(key)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+                buf = self._copy_pool[key] = torch.empty_like(t, memory_format=torch.contiguous_format)
+            buf.copy_(t)
+            out.append(buf)
+        return out
 
     def _timed_violations(self) -> list[str]:
         from sandbox.integrity import python_threads_in_workspace
 
+        staged, outs, finals, guards = self.timed
         viol = []
-        for out, g, inputs in zip(self.timed_out, self.timed_guards, self.staged):
-            viol += self._check_outputs(out, g, inputs)
+        for k, (out, fin, g, inputs) in enumerate(zip(outs, finals, guards, staged)):
+            if g is not None:
+                viol += self._check_outputs(out, g, inputs)
+            if fin is not None:
+                viol += [f"write_after_return: timed call {k}, output {i} changed after the call returned"
+                         for i, (o, c) in enumerate(zip(_tensors(out), fin)) if not _same(o, c, self.equal)]
         viol += self._integrity()
         viol += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
         return viol
 
     def sample(self, msg: dict) -> dict:
-        """Values of the last repetition's outputs at the given flat positions (one list per output tensor), for
-        every call, and the full outputs of call `full`; then the repetition's memory is scrubbed."""
-        from sandbox import wire
-
+        """Values of the last repetition's outputs (their copies made right after each call) at the given flat
+        positions (one list per output tensor), for every call, and the full outputs of call `full`; then the
+        repetition's memory is scrubbed."""
         torch = self.torch
         viol = self._timed_violations()
         if viol:
             self._drop_rep()
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+        _, outs, finals, _ = self.timed
         pos = [torch.tensor(p, dtype=torch.long) for p in msg["positions"]]
         samples = []
-        for out in self.timed_out:
-            ts = _tensors(out)
-            if len(ts) != len(pos):
+        for fin in finals:
+            if fin is None or len(fin) != len(pos):
                 samples.append(None)
                 continue
             row = []
-            for t, p in zip(ts, pos):
-                flat = t.detach().reshape(-1)
+            for t, p in zip(fin, pos):
+                flat = t.reshape(-1)
                 row.append(flat[p.to(flat.device)].cpu() if flat.numel() and p.numel() and int(p.max()) < flat.numel()
                            else torch.empty(0))
             samples.append(row)
         full = int(msg.get("full", -1))
-        full_out = self.timed_out[full] if 0 <= full < len(self.timed_out) else None
-        enc = {"samples": wire.encode_value(samples, self.io),
-               "full": wire.encode_value(full_out, self.io) if full_out is not None else None}
+        full_out = _rebuild(outs[full], iter(finals[full])) if 0 <= full < len(finals) and finals[full] else None
+        enc = {"samples": self._encode(samples, self.io),
+               "full": self._encode(full_out, self.io) if full_out is not None else None}
         self._drop_rep()
-        if msg.get("next_sets") is not None:  # the next repetition's inputs, with this one's checks done
-            enc["n"] = self._stage(msg["next_sets"])["n"]
         return {"ok": True, **enc}
 
     def ping(self, msg: dict) -> dict:
         return {"ok": True}
+
+
+_DTYPE_NAMES = {"float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool",
+                "complex64", "complex128"}
 
 
 def _same(a: Any, b: Any, equal: Any) -> bool:
@@ -545,29 +728,47 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
         else:
             os.close(shm_fd)
     w = Worker(ws, device, setup.get("format", "cpu"), int(setup.get("flush_bytes", 0) or 0),
-               bool(setup.get("monitor", True)), mapping)
-    wire.send(fd_out, {"ok": True, "nonce": setup.get("nonce")})
-    handlers = {"load": w.load, "run": w.run, "time": w.time, "stage": w.stage, "sample": w.sample, "ping": w.ping}
+               bool(setup.get("monitor", True)), mapping, setup.get("io") or None)
+    # the reply channel and the handlers, bound now: nothing the solution later replaces is on the way of a reply
+    send, recv = wire.private_channel()
+    closed = wire.ChannelClosed
+    integrity = w._integrity
+    send(fd_out, {"ok": True, "nonce": setup.get("nonce")})
+    handlers = {"load": w.load, "run": w.run, "time": w.time, "calibrate": w.calibrate, "sample": w.sample,
+                "ping": w.ping}
+    # the full look (identities of every harness function, ~1 ms) after the requests that ran solution code and
+    # whose replies are believed; a time reply counts only once its repetition's sample request came back clean
+    full_after = {"load", "run", "sample"}
     while True:
         try:
-            msg = wire.recv(fd_in)
-        except (wire.ChannelClosed, ValueError):
+            msg = recv(fd_in)
+        except (closed, ValueError):
             os._exit(0)
-        op = msg.get("op") if isinstance(msg, dict) else None
+        op = msg.get("op") if type(msg) is dict else None
         if op == "exit":
             os._exit(0)
         h = handlers.get(op)
         if h is None:
             reply = {"ok": False, "status": "internal_error", "error": f"unknown op {op!r}", "violations": []}
         else:
-            try:
-                reply = h(msg)
-            except BaseException:  # noqa: BLE001
-                reply = {"ok": False, "status": "internal_error", "error": _tb(ws), "violations": []}
-        reply["nonce"] = msg.get("nonce") if isinstance(msg, dict) else None  # replies are matched to requests: a forged reply lacks the nonce
+            # whatever ran since the last reply (a hook that slipped through, a finalizer) is looked for first,
+            # and whatever the request left behind before its reply
+            viol = integrity(full=False)
+            if viol:
+                reply = {"ok": False, "status": "forbidden", "error": "", "violations": viol}
+            else:
+                try:
+                    reply = h(msg)
+                except BaseException:  # noqa: BLE001
+                    reply = {"ok": False, "status": "internal_error", "error": _tb(ws), "violations": []}
+                viol = integrity(full=op in full_after)
+                if viol:
+                    reply = {"ok": False, "status": "forbidden", "error": reply.get("error", ""),
+                             "violations": list(reply.get("violations") or []) + viol}
+        reply["nonce"] = msg.get("nonce") if type(msg) is dict else None  # replies are matched to requests: a forged reply lacks the nonce
         try:
-            wire.send(fd_out, reply)
-        except wire.ChannelClosed:
+            send(fd_out, reply)
+        except closed:
             os._exit(0)
 
 

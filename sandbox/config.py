@@ -125,6 +125,13 @@ class SandboxConfig:
     """Milestone 2: milestone 1 and speed-up over torch.compile whose lower bound exceeds this."""
     top_margin: float = 1.05
     """Milestone 3: lower bounds over both eager and torch.compile at least this (5% faster)."""
+    timing_slack_ms: float = 0.25
+    """Profile: how far (ms, plus timing_slack_rel of the repetition) the candidate's in-process figure may fall
+    short of the trusted wall-clock estimate in the median repetition before every repetition counts for at least
+    the estimate less this slack (sandbox.timing.trusted_estimate): the most a candidate can gain by
+    under-reporting."""
+    timing_slack_rel: float = 0.03
+    """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
 
@@ -190,6 +197,8 @@ class SandboxConfig:
             raise ValueError("SandboxConfig milestone thresholds must be > 0")
         if self.min_rep_ms < 0:
             raise ValueError("SandboxConfig.min_rep_ms must be >= 0")
+        if self.timing_slack_ms < 0 or not 0 <= self.timing_slack_rel < 1:
+            raise ValueError("SandboxConfig.timing_slack_ms must be >= 0 and timing_slack_rel in [0, 1)")
 
     @property
     def workspaces_dir(self) -> Path:

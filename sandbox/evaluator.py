@@ -216,7 +216,7 @@ class Evaluator:
                 return finish(EvalResult(status=Status.OK.value, reward=0.0, compile_log=b.log, build_cached=b.cached,
                                          message="built (build_only: not verified or profiled)", **base))
             # ---------------------------------------------------------- trusted worker: reference, load, verify, profile
-            writable: list[str] = []
+            writable: list[str] = [str(ws.io_dir)]  # the spill folder, beside the workspace (sandbox.workspace)
             extra_env: dict[str, str] = {}
             load_timeout = cfg.load_timeout_s
             if fmt == "extension" and not b.manifest_path:
@@ -231,7 +231,8 @@ class Evaluator:
                 "reference_hash": task.content_hash, "shape_overrides": {},
                 "shape_variants": shape_variants(task.shape_params) if cfg.shape_variants else [],
                 "atol": cfg.tolerances(task.atol, task.rtol)[0], "rtol": cfg.tolerances(task.atol, task.rtol)[1],
-                "workspace": str(ws.path), "model_py": str(ws.model_py), "manifest": b.manifest_path,
+                "workspace": str(ws.path), "io_dir": str(ws.io_dir), "model_py": str(ws.model_py),
+                "manifest": b.manifest_path,
                 "format": fmt, "device": self.device,
                 "jail_uid": self.jail_uid if self.isolation_mode == "namespaces" else None,
                 "writable": writable, "extra_env": extra_env, "load_timeout_s": load_timeout,

@@ -69,10 +69,10 @@ import torch
 from sandbox import shm as shm_mod
 from sandbox import wire
 from sandbox.config import SandboxConfig
-from sandbox.jail import JailSpec, command_prefix, default_expose, set_rlimits
+from sandbox.jail import DEFAULT_HIDE, JailSpec, command_prefix, default_expose, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
-from sandbox.timing import Timer, agree, l2_flush_buffer
+from sandbox.timing import Timer, agrees_with_estimate, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -191,6 +191,9 @@ def _worker_env(cfg: SandboxConfig) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         "HOME": tempfile.gettempdir(),
         "OMP_NUM_THREADS": str(cfg.cpu_threads),
+        # the OpenMP thread limit: no num_threads clause or omp_set_* call in a kernel can go past it, so a kernel
+        # gets no more threads than the baselines (torch.set_num_threads(cpu_threads)) do
+        "OMP_THREAD_LIMIT": str(cfg.cpu_threads),
         "MKL_NUM_THREADS": str(cfg.cpu_threads),
         "OPENBLAS_NUM_THREADS": "1",  # OpenBLAS starts a thread pool at import otherwise (the zygote must fork single-threaded)
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -322,12 +325,13 @@ class CandidateProcess:
             return self.exit_code
         return self.proc.returncode if self.proc is not None else None
 
-    def setup(self, ws: str, fmt: str, jail: JailSpec | None, env: dict[str, str], timeout_s: float,
+    def setup(self, ws: str, io: str, fmt: str, jail: JailSpec | None, env: dict[str, str], timeout_s: float,
               meanwhile: Any = None) -> dict:
         """Hand the worker its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied.
         meanwhile: trusted work run while the worker sets up (it does not count against timeout_s)."""
         rl = {} if jail is not None else _rlimits(self.cfg, self.device)
-        return self.request({"op": "setup", "workspace": ws, "format": fmt, "jail": jail.to_json() if jail else "",
+        return self.request({"op": "setup", "workspace": ws, "io": io, "format": fmt,
+                             "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
                              "monitor": self.cfg.runtime_monitor,
                              "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
@@ -342,17 +346,6 @@ class CandidateProcess:
         except (OSError, ValueError):
             self.shm.close()
             self.shm = None
-
-    def encode_inputs_later(self, v: Any, io: str) -> tuple[Any, Any]:
-        """(record, copy function) for inputs the candidate only makes views of before a later request (its CPU
-        stage: zero-copy views read nothing); the copies may then overlap the request that carries the record.
-        Elsewhere (a GPU worker copies at stage time; the wire) the data is in place at once and the function is a
-        no-op."""
-        if self.shm is not None and self.shm.nbytes and self.device == "cpu":
-            planned = self.shm.plan(v)
-            if planned is not None:
-                return planned
-        return self.encode_inputs(v, io), (lambda: None)
 
     def encode_inputs(self, v: Any, io: str) -> Any:
         """The record of an input value for the next request: in the segment when it fits, else sandbox.wire."""
@@ -483,7 +476,7 @@ def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
 def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writable: list[str],
                    uid: int) -> JailSpec:
     return JailSpec(workspace=ws, readonly=[model_py], writable=writable, uid=uid, expose=default_expose(),
-                    rlimits=_rlimits(cfg, device))
+                    rlimits=_rlimits(cfg, device), hide=list(DEFAULT_HIDE))
 
 
 def _signal_name(rc: int | None) -> str:
@@ -512,7 +505,7 @@ def _headline(tb: str) -> str:
     return lines[-1] if lines else ""
 
 
-VIOLATION_KINDS = {"import", "introspection", "tampering", "dynamic_code", "ctypes", "memory_read",
+VIOLATION_KINDS = {"import", "introspection", "tampering", "dynamic_code", "ctypes", "memory_read", "hook", "fallback",
                    "reference_access", "process", "network", "thread", "monkeypatch", "timer_tampering", "lazy_output",
                    "stale_output", "write_after_return", "file_write", "file_access", "guard_bypass", "numpy_bridge",
                    "harness_tampering", "global_state"}
@@ -781,6 +774,9 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         jail = candidate_jail(job["workspace"], job["model_py"], cfg, device, job.get("writable", []), job["jail_uid"])
     cand: CandidateProcess | None = None
     pf: Prefetch | None = None
+    spill: wire.SpillDir | None = None
+    # the build's manifest is read now, before any candidate code exists (the workspace is the candidate's)
+    evidence = Evidence(job.get("manifest"), job["format"])
     try:
         t1 = time.perf_counter()
         cand = spares.take(device, jail is not None)
@@ -796,14 +792,18 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             cand.size_inputs(ref["plan"].segment_bytes(cfg, ref["inputs_cpu"][0]) if ref["plan"] is not None
                              else shm_mod.tensor_bytes(ref["inputs_cpu"][0]))
         ws = job["workspace"]
-        io = os.path.join(ws, ".io")  # large tensors travel as files (sandbox.wire spill); made by the Evaluator
+        # large tensors travel as files in the spill folder (sandbox.workspace: beside the workspace), reached only
+        # through this directory fd, opened before any candidate code exists (sandbox.wire.SpillDir)
+        io_path = job.get("io_dir") or os.path.join(ws, ".io")
+        io = spill = wire.SpillDir.open(io_path, owner=job["jail_uid"] if (job.get("jail_uid") or 0) > 0
+                                        else os.geteuid())
         env = {"HOME": ws, "TMPDIR": os.path.join(ws, ".tmp"), **(job.get("extra_env") or {})}
         if job.get("manifest"):
             env["CUDA_AGENT_KERNELS_MANIFEST"] = job["manifest"]
         try:
             # The spare may still be importing torch: that wait is trusted work, not the candidate's load time.
             try:
-                reply = cand.setup(ws, job["format"], jail, env, SPARE_START_TIMEOUT_S,
+                reply = cand.setup(ws, io_path, job["format"], jail, env, SPARE_START_TIMEOUT_S,
                                    reference_stage if overlap else None)
             except (wire.ChannelTimeout, CandidateDied) as e:
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate worker did not start: {e}") from None
@@ -812,6 +812,11 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             if not reply.get("ok"):
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
+            if cfg.profile:  # before load: nothing but the harness answers yet
+                tc = time.perf_counter()
+                calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0],
+                                   min(ref["plan"].calls, 4) if ref["plan"] is not None else 1, io)
+                out["stage_ms"]["calibration"] = (time.perf_counter() - tc) * 1e3
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
             state.segment_bytes = max(state.segment_bytes, needed)
@@ -844,7 +849,6 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         atol, rtol = job["atol"], job["rtol"]
         fmt = job["format"]
         prec = _precision_budget(cfg)
-        evidence = Evidence(job.get("manifest"), fmt)
         def check(i: int, reply: dict, ref: Any) -> None:
             tr = _check_reply(reply, ref, atol, rtol, i, io, prec)
             out["trials"].append(tr.to_dict())
@@ -872,7 +876,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             return out
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
-        timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec)
+        timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec,
+                          calib)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
         out["timing"] = timing.to_dict()
         out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
@@ -892,6 +897,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             except Exception:  # noqa: BLE001
                 pass
             cand.kill()
+        if spill is not None:
+            spill.close()
 
 
 def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str, meanwhile: Any = None) -> dict:
@@ -1052,9 +1059,36 @@ def _tensor_list(v: Any) -> list:
     return []
 
 
+def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
+               rounds: int = 3, pings: int = 5) -> tuple[float, float]:
+    """(round trip of an empty request in ms, the harness's own cost per timed call in ms), measured before the
+    solution is imported, while only trusted code runs in the candidate's process: pings, then `calibrate`
+    requests that go through the time request's path (input sets of the task's shapes, a no-op for forward that
+    returns tensors of the reference's output shapes, the copies and checks after each call). Never measured again
+    afterwards: the solution's process could delay its answers at will (sandbox.timing)."""
+    rtt = math.inf
+    for _ in range(pings):
+        tp = time.perf_counter()
+        _run(cand, {"op": "ping"}, 30.0, "calibration")
+        rtt = min(rtt, (time.perf_counter() - tp) * 1e3)
+    zeros = [torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for t in x_cpu]
+    outs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in _tensor_list(ref_out)]
+    n = max(1, calls)
+    ovhs = []
+    for _ in range(rounds):
+        rec = cand.encode_inputs([zeros] * n, io)
+        tw = time.perf_counter()
+        reply = _run(cand, {"op": "calibrate", "input_sets": rec, "outputs": outs}, 30.0, "calibration")
+        wall = (time.perf_counter() - tw) * 1e3
+        _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
+        loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
+        ovhs.append(max(0.0, wall - rtt - loop - prep) / n)
+    return rtt, sorted(ovhs)[len(ovhs) // 2]
+
+
 def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,
              cuda: bool, device: str, atol: float, rtol: float, out: dict, io: str, fmt: str,
-             prec: dict) -> TimingStats:
+             prec: dict, calib: tuple[float, float]) -> TimingStats:
     """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
     doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds (made ahead
     by the Prefetch thread, which is held idle around every timed region, or here), the same for the three; the candidate
@@ -1084,12 +1118,9 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         with torch.no_grad():
             return compiled(*a)
 
-    rtts = []
-    for _ in range(3):
-        tp = time.perf_counter()
-        _run(cand, {"op": "ping"}, left(), "profile")
-        rtts.append((time.perf_counter() - tp) * 1e3)
-    rtt = min(rtts)
+    # the round trip and the harness's own cost per call, measured before any solution code existed (_calibrate):
+    # pings the solution's process answers now could be delayed at will
+    rtt, ovh = calib
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)
@@ -1104,8 +1135,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
             timer.run(eager, warm_dev)
             if compiled is not None:
                 timer.run(comp, warm_dev)
-        _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
-        _run(cand, {"op": "time"}, left(), "profile warm-up")
+        _run(cand, {"op": "time", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
         del warm, warm_dev
     with pf.quiet():
@@ -1117,6 +1147,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     disagreements = 0
     ratios: list[float] = []
     shortfalls: list[float] = []
+    ests: list[float] = []
     full_done = False
 
     def rep_sets(r: int) -> list:
@@ -1126,12 +1157,15 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         sets = [f.result() for f in made[:calls]]
         return sets + _make_sets(state, calls - len(sets))
 
-    sets = rep_sets(0)
-    _run(cand, {"op": "stage", "input_sets": cand.encode_inputs(sets, io)}, left(), "profile")
     for r in range(cfg.reps):
-        # the candidate holds this repetition's sets (staged with the previous repetition's check, after its timed
-        # calls: it never has a set before the repetition it belongs to has begun)
+        # this repetition's sets reach the candidate with its time request, not before (nothing of them is in its
+        # process while it is not being timed)
+        sets = rep_sets(r)
+        tx = time.perf_counter()
         sets_dev = [state.to_device(x) for x in sets]
+        if cuda:
+            torch.cuda.synchronize()
+        h2d_ms = (time.perf_counter() - tx) * 1e3
         ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
@@ -1144,9 +1178,13 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     samples[im].append(timer.run(comp, sets_dev)["ms_per_call"])
             else:
                 with pf.quiet():
+                    te = time.perf_counter()
+                    rec = cand.encode_inputs(sets, io)  # into the segment (or spill files) now, before the clock
+                    enc_ms = (time.perf_counter() - te) * 1e3
                     tw = time.perf_counter()
-                    reply = _run(cand, {"op": "time"}, left(), "profile")
+                    reply = _run(cand, {"op": "time", "input_sets": rec}, left(), "profile")
                     wall = (time.perf_counter() - tw) * 1e3
+                del rec
                 walls.append(wall / calls)
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
                     msg = "timed calls launched none of the solution's kernels"
@@ -1156,25 +1194,22 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
                     raise StageFailure(Status.RUNTIME_ERROR, f"profile: the candidate reported a bad time {loop!r}")
                 ms = ev / calls
-                ratios.append(loop / max(wall - rtt, 1e-6))
-                shortfalls.append(wall - rtt - loop)
-                if not agree(loop, wall, rtt):
+                est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms)
+                ests.append(est)
+                ratios.append(loop / max(est, 1e-6))
+                shortfalls.append(est - loop)
+                if not agrees_with_estimate(loop, wall, est, rtt):
                     disagreements += 1
-                    ms = max(wall - rtt, loop) / calls
+                    ms = max(est, loop) / calls
                 elif cuda and (ev > loop + 0.1 or ev < 0.5 * loop - 0.05 * calls):
                     disagreements += 1
                     ms = loop / calls
                 samples[im].append(ms)
         full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
-        nxt = rep_sets(r + 1) if r + 1 < cfg.reps else None
-        # the next sets' record rides on this check; on the CPU their bytes are copied into the segment while the
-        # candidate checks (it makes views at once but reads them only in its next timed calls)
-        rec, write = cand.encode_inputs_later(nxt, io) if nxt is not None else (None, None)
-        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full, rec, write)
+        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         scrub_device(ref_outs)
         del sets, sets_dev, ref_outs
-        sets = nxt
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
     if med_ratio < 0.1 and med_short > 2.0:
@@ -1184,6 +1219,14 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     if disagreements:
         out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
                           "wall clock; the wall clock (less the request round trip) was used for those")
+    limit = cfg.timing_slack_ms + cfg.timing_slack_rel * (sorted(ests)[len(ests) // 2] if ests else 0.0)
+    if med_short > limit:
+        # systematically less than the trusted wall clock allows: no repetition counts for less than it, less the
+        # slack (a liar gains at most the slack; an honest figure is replaced only where it is that far short)
+        samples["candidate"] = [max(ms, (e - limit) / calls) for ms, e in zip(samples["candidate"], ests)]
+        out["log"].append(f"profile: the candidate's in-process timings fell short of the trusted wall clock by a "
+                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition counts "
+                          "for at least the wall clock, less the round trip, the harness's own cost and the slack")
     if cuda:
         r = _nvml(torch.device(device).index or 0)
         if r:
@@ -1205,24 +1248,18 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
 
 
 def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,
-                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool, next_sets: Any = None,
-                 write_next: Any = None) -> None:
-    """Check one repetition's timed outputs: every call at random positions (chosen now, after the calls), and,
-    when full_check, one call in full. A mismatch is `incorrect` with a `timed_output_mismatch` violation
-    (replayed or cached outputs, work skipped while timed). next_sets: the record of the next repetition's input
-    sets, staged by the same request once the checks are done (one round trip less per repetition); write_next:
-    what puts their bytes in place, run while the candidate checks."""
+                 rng: "secrets.SystemRandom", rep: int, prec: dict, full_check: bool) -> None:
+    """Check one repetition's timed outputs (the copies the candidate's harness made right after each call): every
+    call at random positions (chosen now, after the calls), and, when full_check, one call in full. A mismatch is
+    `incorrect` with a `timed_output_mismatch` violation (replayed or cached outputs, work skipped or deferred while
+    timed)."""
     refs = [[t.detach().cpu() for t in _tensor_list(o)] for o in ref_outs]
     if not refs or not refs[0]:
-        if next_sets is not None:
-            _run(cand, {"op": "stage", "input_sets": next_sets}, 60.0, "profile", write_next)
+        _run(cand, {"op": "sample", "positions": [], "full": -1}, 60.0, "profile check")
         return
     positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
     full = rng.randrange(len(refs)) if full_check else -1
-    msg = {"op": "sample", "positions": positions, "full": full}
-    if next_sets is not None:
-        msg["next_sets"] = next_sets
-    reply = _run(cand, msg, 60.0, "profile check", write_next)
+    reply = _run(cand, {"op": "sample", "positions": positions, "full": full}, 60.0, "profile check")
     try:
         got = wire.decode_value(reply["samples"], io)
         full_out = wire.decode_value(reply["full"], io) if reply.get("full") is not None else None

@@ -2,10 +2,17 @@
 
 What is trusted, and why:
 - The trusted worker's own clock (`time.perf_counter` in the trusted process) is the only clock the candidate
-  cannot touch. The trusted side measures wall-clock time around every candidate repetition (one `time` request:
-  the child synchronises the device before it answers) and accepts the candidate's in-process figure only when it
-  agrees with that wall clock (`agree`); otherwise the wall clock, less the measured round-trip of an empty
-  request, is used and the disagreement is logged (and, when gross, reported as a violation).
+  cannot touch. The trusted side measures wall-clock time around every candidate repetition (one `time` request,
+  which carries the repetition's input sets: the child synchronises the device and copies the outputs before it
+  answers) and accepts the candidate's in-process figure only when it agrees with that wall clock (`agree`);
+  otherwise the wall clock, less the measured round-trip of an empty request, is used and the disagreement is
+  logged (and, when gross, reported as a violation).
+- The round trip and the harness's own cost per timed call (unpacking, the checks and the output copies after
+  each call) are measured before the solution is imported (`calibrate` requests, pings), never from requests the
+  solution's process answers later (it could delay them at will and inflate what is subtracted). From them,
+  `trusted_estimate` is the trusted side's own figure for a repetition; when the in-process figures fall short of
+  it by more than SandboxConfig.timing_slack_ms + timing_slack_rel in the median repetition, no repetition counts
+  for less than the estimate less that slack: a candidate that under-reports gains at most the slack.
 - In the candidate's process, device events have to be recorded in its own CUDA context, so a `Timer` is built
   there before the solution is imported: it captures the clock, the synchronisation and event functions it will
   use (the objects themselves, so a later monkeypatch of `torch.cuda.synchronize` or `time.perf_counter` does not
@@ -147,6 +154,22 @@ class Timer:
         return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls}
 
 
+def trusted_estimate(wall_ms: float, rtt_ms: float, overhead_ms: float, calls: int, prep_ms: Any,
+                     trusted_prep_ms: float) -> float:
+    """The trusted side's own figure (ms) for one repetition of `calls` timed calls: its wall clock around the time
+    request, less the round trip and `calls` times the harness's per-call cost (both measured before the solution
+    was imported), less the candidate harness's report of unpacking the request's inputs (prep_ms), which counts for
+    at most 3x what packing them took on the trusted side (trusted_prep_ms) plus 0.5 ms."""
+    try:
+        prep = float(prep_ms)
+    except (TypeError, ValueError):
+        prep = 0.0
+    if not (prep >= 0.0 and prep < float("inf")):
+        prep = 0.0
+    prep = min(prep, 3.0 * max(trusted_prep_ms, 0.0) + 0.5)
+    return max(wall_ms - rtt_ms - prep - calls * overhead_ms, 0.0)
+
+
 def agree(in_process_ms: float, wall_ms: float, rtt_ms: float) -> bool:
     """Whether an in-process figure for one repetition agrees with the trusted wall clock around it.
 
@@ -158,3 +181,11 @@ def agree(in_process_ms: float, wall_ms: float, rtt_ms: float) -> bool:
     if in_process_ms > wall_ms + 0.5:
         return False
     return in_process_ms >= 0.5 * (wall_ms - 4.0 * rtt_ms) - 1.0
+
+
+def agrees_with_estimate(in_process_ms: float, wall_ms: float, estimate_ms: float, rtt_ms: float) -> bool:
+    """`agree` around the trusted estimate (trusted_estimate): the in-process figure may not exceed the raw wall
+    clock (plus 0.5 ms), and must cover at least half of the estimate less three round trips, less 1 ms."""
+    if in_process_ms > wall_ms + 0.5:
+        return False
+    return in_process_ms >= 0.5 * (estimate_ms - 3.0 * rtt_ms) - 1.0

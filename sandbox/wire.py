@@ -3,6 +3,17 @@
 Nothing here executes code while decoding (no pickle): a candidate can send malformed bytes, never objects.
 Tensors travel as {"__tensor__": 1, "dtype": "float32", "shape": [...], "data": raw bytes}; tuples as
 {"__tuple__": [...]}, so the structure of a model's output survives the trip.
+
+Large tensors travel as files in a spill folder (`SpillDir`): the trusted side opens that folder as a directory
+fd before any candidate code exists and creates, reads and removes files only relative to that fd, one path
+component at a time (O_NOFOLLOW, O_EXCL), so a candidate that renames the folder, or puts a symlink or a hard
+link in it, never steers a file operation of the trusted side (which runs as root in the host's mount
+namespace) anywhere else. A file it reads must be a regular file of the announced size with one link, owned by
+the expected uid; a rejected file is never removed.
+
+`private_channel()` gives the candidate worker's serve loop a send / recv pair bound, when it is made (before the
+solution is imported), to the functions it calls (os.write, msgpack.packb, ...): replacing sandbox.wire.send, or
+msgpack.packb, later does not reach the replies.
 """
 
 from __future__ import annotations
@@ -33,12 +44,102 @@ class MessageTooLarge(ValueError):
 SPILL_MIN_BYTES = 1 << 20
 
 
-def encode_value(v: Any, spill_dir: str | None = None) -> Any:
+class SpillDir:
+    """A spill folder reached through a directory fd (see module doc). `SpillDir.open(path, owner)`; `close()`.
+
+    owner: the uid files read from it must belong to (the candidate's, on the trusted side); None = any.
+    """
+
+    def __init__(self, fd: int, path: str, owner: int | None = None):
+        self.fd = fd
+        self.path = path
+        self.owner = owner
+
+    @classmethod
+    def open(cls, path: str, owner: int | None = None) -> "SpillDir":
+        """Open path (a directory, not a symlink) now. Raises OSError when it is not one."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return cls(fd, path, owner)
+
+    def write(self, raw: Any) -> str:
+        """A fresh file (random name, O_EXCL | O_NOFOLLOW in the opened folder) holding raw; its name."""
+        import secrets
+
+        name = f"t_{secrets.token_hex(12)}.bin"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=self.fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(memoryview(raw))
+        return name
+
+    def read(self, name: Any, nbytes: int) -> bytearray:
+        """The bytes of file `name` in the opened folder, which is then removed. Raises ValueError (and removes
+        nothing) for a name with a slash or a leading dot, a symlink, a file that is not regular, not of nbytes,
+        with more than one link, or not the owner's."""
+        import stat
+
+        if not isinstance(name, str) or not name or "/" in name or name.startswith(".") or "\0" in name:
+            raise ValueError(f"tensor record names an unusable file {name!r}")
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            raise ValueError(f"tensor file {name!r}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
+                raise ValueError(f"tensor file {name!r} is not a regular file of {nbytes} bytes")
+            if st.st_nlink != 1:
+                raise ValueError(f"tensor file {name!r} has {st.st_nlink} links (a hard link to another file)")
+            if self.owner is not None and st.st_uid != self.owner:
+                raise ValueError(f"tensor file {name!r} has owner uid {st.st_uid}, not {self.owner}")
+            buf = bytearray(nbytes)
+            view = memoryview(buf)
+            got = 0
+            while got < nbytes:
+                n = os.readv(fd, [view[got:]])
+                if n <= 0:
+                    raise ValueError(f"tensor file {name!r} is shorter than announced")
+                got += n
+        finally:
+            os.close(fd)
+        try:  # accepted: remove it (relative to the folder's fd: a name in that folder, wherever it now is)
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            pass
+        return buf
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+
+def _spill(spill_dir: "SpillDir | str | None") -> tuple["SpillDir | None", bool]:
+    """(the SpillDir to use, whether to close it afterwards): a path is opened for the one call (callers that
+    hand paths around get the same guarantees from the moment of the call on)."""
+    if spill_dir is None or isinstance(spill_dir, SpillDir):
+        return spill_dir, False
+    return SpillDir.open(spill_dir), True
+
+
+def encode_value(v: Any, spill_dir: "SpillDir | str | None" = None) -> Any:
     """Nested tensors / tuples / lists / dicts / scalars -> msgpack-able plain values. Tensors are copied to CPU.
 
-    With spill_dir, tensors of at least SPILL_MIN_BYTES are written to a fresh file there (random name, created
-    with O_EXCL, so a planted symlink is never followed) and the record carries the file name instead of the bytes.
+    With spill_dir (a SpillDir, or a folder path), tensors of at least SPILL_MIN_BYTES are written to a fresh file
+    there (SpillDir.write) and the record carries the file name instead of the bytes.
     """
+    sd, close = _spill(spill_dir)
+    try:
+        return _encode(v, sd)
+    finally:
+        if close:
+            sd.close()  # type: ignore[union-attr]
+
+
+def _encode(v: Any, spill_dir: "SpillDir | None") -> Any:
     import torch
 
     if isinstance(v, torch.Tensor):
@@ -49,22 +150,16 @@ def encode_value(v: Any, spill_dir: str | None = None) -> Any:
         rec = {"__tensor__": 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else None
         if spill_dir is not None and raw is not None and raw.nbytes >= SPILL_MIN_BYTES:
-            import secrets
-
-            name = f"t_{secrets.token_hex(12)}.bin"
-            fd = os.open(os.path.join(spill_dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(memoryview(raw))
-            rec["file"] = name
+            rec["file"] = spill_dir.write(raw)
         else:
             rec["data"] = raw.tobytes() if raw is not None else b""
         return rec
     if isinstance(v, tuple):
-        return {"__tuple__": [encode_value(x, spill_dir) for x in v]}
+        return {"__tuple__": [_encode(x, spill_dir) for x in v]}
     if isinstance(v, list):
-        return [encode_value(x, spill_dir) for x in v]
+        return [_encode(x, spill_dir) for x in v]
     if isinstance(v, dict):
-        return {str(k): encode_value(x, spill_dir) for k, x in v.items()}
+        return {str(k): _encode(x, spill_dir) for k, x in v.items()}
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return v
     if hasattr(v, "__index__"):
@@ -78,42 +173,22 @@ _DTYPES = {"float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16"
            "complex64", "complex128"}
 
 
-def _read_spilled(spill_dir: str | None, name: Any, nbytes: int) -> bytearray:
-    import stat
+def decode_value(v: Any, spill_dir: "SpillDir | str | None" = None, shm: Any = None) -> Any:
+    """Inverse of encode_value (spilled tensors are read from spill_dir, SpillDir.read, and their files removed).
+    Records of tensors in a shared segment ({"shm": offset}, sandbox.shm) become read-only views of `shm` (an
+    InputMapping).
 
-    if spill_dir is None or not isinstance(name, str) or "/" in name or name.startswith("."):
-        raise ValueError(f"tensor record names an unusable file {name!r}")
+    Raises ValueError for a malformed tensor record (wrong byte count, bad dtype, a file that SpillDir.read
+    rejects, a file record without a spill folder, a segment record without a segment)."""
+    sd, close = _spill(spill_dir)
     try:
-        fd = os.open(os.path.join(spill_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise ValueError(f"tensor file {name!r}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
-            raise ValueError(f"tensor file {name!r} is not a regular file of {nbytes} bytes")
-        buf = bytearray(nbytes)
-        view = memoryview(buf)
-        got = 0
-        while got < nbytes:
-            n = os.readv(fd, [view[got:]])
-            if n <= 0:
-                raise ValueError(f"tensor file {name!r} is shorter than announced")
-            got += n
-        return buf
+        return _decode(v, sd, shm)
     finally:
-        os.close(fd)
-        try:
-            os.unlink(os.path.join(spill_dir, name))
-        except OSError:
-            pass
+        if close:
+            sd.close()  # type: ignore[union-attr]
 
 
-def decode_value(v: Any, spill_dir: str | None = None, shm: Any = None) -> Any:
-    """Inverse of encode_value (spilled tensors are read from spill_dir and their files removed). Records of
-    tensors in a shared segment ({"shm": offset}, sandbox.shm) become read-only views of `shm` (an InputMapping).
-
-    Raises ValueError for a malformed tensor record (wrong byte count, bad dtype, a file that is not a regular
-    file of the announced size, a path outside spill_dir, a segment record without a segment)."""
+def _decode(v: Any, spill_dir: "SpillDir | None", shm: Any) -> Any:
     import torch
 
     if isinstance(v, dict):
@@ -133,19 +208,22 @@ def decode_value(v: Any, spill_dir: str | None = None, shm: Any = None) -> Any:
             for s in shape:
                 numel *= s
             itemsize = torch.empty((), dtype=dt).element_size()
-            data = _read_spilled(spill_dir, v["file"], numel * itemsize) if "file" in v else v.get("data")
+            if "file" in v and spill_dir is None:
+                raise ValueError("tensor record names a file but there is no spill folder")
+            data = spill_dir.read(v["file"], numel * itemsize) if "file" in v else v.get("data")
             if not isinstance(data, (bytes, bytearray)) or len(data) != numel * itemsize:
-                raise ValueError(f"tensor record of shape {shape} {dtype} carries {len(data)} bytes, "
+                got = len(data) if isinstance(data, (bytes, bytearray)) else "no"
+                raise ValueError(f"tensor record of shape {shape} {dtype} carries {got} bytes, "
                                  f"expected {numel * itemsize}")
             if numel == 0:
                 return torch.empty(shape, dtype=dt)
             buf = data if isinstance(data, bytearray) else bytearray(data)
             return torch.frombuffer(buf, dtype=dt).reshape(shape)
         if "__tuple__" in v:
-            return tuple(decode_value(x, spill_dir, shm) for x in v["__tuple__"])
-        return {k: decode_value(x, spill_dir, shm) for k, x in v.items()}
+            return tuple(_decode(x, spill_dir, shm) for x in v["__tuple__"])
+        return {k: _decode(x, spill_dir, shm) for k, x in v.items()}
     if isinstance(v, list):
-        return [decode_value(x, spill_dir, shm) for x in v]
+        return [_decode(x, spill_dir, shm) for x in v]
     return v
 
 
@@ -211,3 +289,47 @@ def recv(fd: int, timeout_s: float | None = None, max_bytes: int = 1 << 31) -> A
                                max_str_len=max_bytes)
     except Exception as e:  # msgpack raises several types for malformed input
         raise ValueError(f"malformed message: {type(e).__name__}: {e}") from None
+
+
+def private_channel() -> tuple[Any, Any]:
+    """(send(fd, msg), recv(fd) -> msg): blocking framed msgpack, like `send` / `recv` without timeouts, bound now
+    to the functions they use (see module doc). For the candidate worker, made before any solution code runs; the
+    pair is kept only in the serve loop's frame. recv raises ChannelClosed or ValueError (malformed message)."""
+    write, read, packb, unpackb = os.write, os.read, msgpack.packb, msgpack.unpackb
+    pack, unpack, hsize = _HDR.pack, _HDR.unpack, _HDR.size
+    mv, length, join = memoryview, len, b"".join
+    closed, broken = ChannelClosed, (BrokenPipeError, ConnectionError, OSError)
+    limit = 1 << 31
+
+    def send(fd: int, msg: Any) -> None:
+        payload = packb(msg, use_bin_type=True)
+        buf = mv(pack(length(payload)) + payload)
+        try:
+            while buf:
+                n = write(fd, buf[: 1 << 20])
+                buf = buf[n:]
+        except broken as e:
+            raise closed(str(e)) from None
+
+    def exact(fd: int, n: int) -> bytes:
+        chunks = []
+        got = 0
+        while got < n:
+            b = read(fd, min(n - got, 1 << 22))
+            if not b:
+                raise closed("pipe closed")
+            chunks.append(b)
+            got += length(b)
+        return join(chunks)
+
+    def recv(fd: int) -> Any:
+        (n,) = unpack(exact(fd, hsize))
+        if n > limit:
+            raise ValueError(f"message of {n} bytes exceeds the limit of {limit}")
+        payload = exact(fd, n)
+        try:
+            return unpackb(payload, raw=False, strict_map_key=False, max_bin_len=limit, max_str_len=limit)
+        except Exception as e:  # noqa: BLE001 - msgpack raises several types for malformed input
+            raise ValueError(f"malformed message: {type(e).__name__}") from None
+
+    return send, recv

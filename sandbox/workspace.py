@@ -4,6 +4,11 @@ Workspaces live under `SandboxConfig.workspaces_dir` (mode 0711, root-owned: not
 a random 128-bit name, mode 0700, owned by the sandbox uid when the candidate runs under namespace isolation, so
 one candidate cannot find or read another's files. The checker never reads `model.py` back: it keeps the
 pristine reference in memory.
+
+The spill folder of an evaluation (`io_dir`, large tensors between the trusted side and the candidate,
+sandbox.wire.SpillDir) is not inside the workspace, which the candidate owns and could rename entries of: it is
+the workspace's sibling `<name>.io` in the root-owned workspaces folder, owned by the sandbox uid too (the
+candidate writes its outputs there), so the candidate cannot rename it or put a symlink in its place.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ class Workspace:
         return self.path / "model.py"
 
     @property
+    def io_dir(self) -> Path:
+        """The spill folder (see module doc), beside the workspace."""
+        return self.path.parent / (self.path.name + ".io")
+
+    @property
     def build_dir(self) -> Path:
         return self.path / ".build"
 
@@ -84,7 +94,10 @@ class Workspace:
         (path / "kernels").mkdir()
         (path / ".build").mkdir()
         (path / ".tmp").mkdir()
-        (path / ".io").mkdir()
+        io = root / (path.name + ".io")
+        io.mkdir(mode=0o700)
+        if owner_uid > 0:
+            os.chown(io, owner_uid, owner_uid)
         for rel, text in files.items():
             (path / rel).write_text(text)
         (path / "model.py").write_text(reference)
@@ -111,3 +124,4 @@ class Workspace:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        shutil.rmtree(self.io_dir, ignore_errors=True)
