@@ -64,9 +64,11 @@ _FS_EVENTS = {"os.rename", "os.symlink", "os.link", "os.remove", "os.rmdir", "os
               "os.setxattr", "os.removexattr", "shutil.copyfile", "shutil.copymode", "shutil.copystat",
               "shutil.copytree", "shutil.move", "shutil.rmtree", "shutil.chown", "shutil.make_archive",
               "shutil.unpack_archive"}
-# standard-library helpers that hand the caller a frame object got through sys._getframe
-_FRAME_HELPERS = ("/inspect.py", "/traceback.py", "/logging/__init__.py", "/bdb.py", "/pdb.py", "/cgitb.py",
-                  "/pydoc.py", "/warnings.py")
+# standard-library helpers that hand their caller a frame object they got through sys._getframe (file suffix ->
+# function names; None: any): inspect.currentframe / stack, traceback.walk_stack, logging.currentframe, the debuggers
+# (traceback.format_stack and the like return text only, and torch calls them for its own error reports)
+_FRAME_HELPERS = {"/inspect.py": {"currentframe", "stack"}, "/traceback.py": {"walk_stack"},
+                  "/logging/__init__.py": {"currentframe", "<lambda>"}, "/bdb.py": None, "/pdb.py": None}
 _CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 GUARD_EVENT = "cuda_agent.guarded"  # sys.audit(GUARD_EVENT, kind, detail, direct): a guarded function was called
 FETCH_EVENT = "cuda_agent.monitor"  # sys.audit(FETCH_EVENT, box): harness code asks for the installed monitor
@@ -123,6 +125,7 @@ class Monitor:
             m.allowed_symbols |= set(allowed_symbols)
             return m
         m = cls(workspace, fmt, allowed_libs, allowed_symbols)
+        m._installed = True  # the one FETCH_EVENT answers with
         sys.addaudithook(m._hook)
         return m
 
@@ -180,7 +183,7 @@ class Monitor:
         # seen from here: 0 _fetch... helpers: 0 helper, 1 _fetch, 2 _hook, 3 the frame calling sys.audit
         if self._candidate_on_stack(3):
             return ("introspection", "the solution asked for the sandbox's monitor")
-        if args and isinstance(args[0], list):
+        if getattr(self, "_installed", False) and args and isinstance(args[0], list):
             args[0].append(self)
         return None
 
@@ -197,7 +200,9 @@ class Monitor:
             if self._caller_is_candidate(3):
                 return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
             f = self._getframe(2)  # seen from here: 0 _judge, 1 _hook, 2 the frame that called sys._getframe
-            if f is not None and f.f_code.co_filename.endswith(_FRAME_HELPERS) and self._candidate_on_stack(3):
+            helper = next((names for suffix, names in _FRAME_HELPERS.items()
+                           if f is not None and f.f_code.co_filename.endswith(suffix)), False)
+            if (helper is None or (helper and f.f_code.co_name in helper)) and self._candidate_on_stack(3):
                 return ("introspection", f"sys._getframe called for the solution by {os.path.basename(f.f_code.co_filename)}"
                                          " (call-stack inspection)")
             return None
@@ -643,6 +648,8 @@ class HookState:
         self._threading = threading
         self.thread_hooks0 = (getattr(threading, "_trace_hook", None), getattr(threading, "_profile_hook", None))
         self.unraisable0 = sys.unraisablehook
+        self._mon = getattr(sys, "monitoring", None)  # Python 3.12+: tools with callbacks on every event
+        self.tools0 = tuple(self._mon.get_tool(i) for i in range(6)) if self._mon is not None else ()
         C = torch._C
         self._len_tf, self._pop_tf = C._len_torch_function_stack, C._pop_torch_function_stack
         self._len_td, self._pop_td = C._len_torch_dispatch_stack, C._pop_torch_dispatch_stack
@@ -687,6 +694,13 @@ class HookState:
         if (getattr(th, "_trace_hook", None), getattr(th, "_profile_hook", None)) != self.thread_hooks0:
             th._trace_hook, th._profile_hook = self.thread_hooks0  # type: ignore[attr-defined]
             out.append("hook: threading.settrace / setprofile was called by the solution")
+        if self._mon is not None:
+            for i, t0 in enumerate(self.tools0):
+                if self._mon.get_tool(i) != t0:
+                    self._mon.set_events(i, 0)
+                    if t0 is None:
+                        self._mon.free_tool(i)
+                    out.append(f"hook: a sys.monitoring tool ({i}) was registered by the solution")
         if self._sys.unraisablehook is not self.unraisable0:
             self._sys.unraisablehook = self.unraisable0
             out.append("hook: sys.unraisablehook was replaced by the solution")

@@ -28,19 +28,26 @@ One evaluation (`run_job`):
    (`Evidence`); then one trial on inputs scaled by a random factor (value-range shortcuts) and, where the task
    declares shape parameters, trials on other shapes (sizes not multiples of block sizes), after which the
    default-shape model is loaded again;
+   Before `load` (no solution code yet), `_calibrate` measures the round trip of an empty request and the
+   harness's own cost per timed call (sandbox.timing: nothing the solution's process answers later is believed
+   about it);
 3. if all trials pass, profile (`_profile`): per repetition, fresh input sets from fresh seeds, one per timed
    call, the same for eager, torch.compile and the candidate in rotating order; the candidate gets a
-   repetition's sets (copied into its segment) only after the previous repetition's timed calls, with that
-   repetition's check; the candidate's in-process timing is accepted only when it agrees with this process's wall
-   clock around the request (sandbox.timing.agree); every timed call's outputs are checked at positions chosen
-   after the calls, and one call's in full, against eager's outputs on the same inputs; then speed-ups, intervals
-   and the milestone (sandbox.stats);
+   repetition's sets (copied into its segment) with the time request that times them, never before; the
+   candidate's in-process timing is accepted only when it agrees with this process's wall clock around the
+   request, less the calibrated costs (sandbox.timing.trusted_estimate, agrees_with_estimate, and the median
+   slack); every timed call's outputs (copied by the candidate's harness right after the call) are checked at
+   positions chosen after the calls, and one call's in full, against eager's outputs on the same inputs; then
+   speed-ups, intervals and the milestone (sandbox.stats);
 4. kill the candidate's process tree, whatever happened.
 
 What the trusted side gives the candidate, and when: input tensors and weights, never a seed, a reference output
 or the reference module; inputs only with the request that uses them (a trial's set with its `run`, a timed
-repetition's sets once the previous repetition's timed calls are over). Its own copies of the inputs (the
-reference's and the baselines') stay in this process's private memory; it never reads the segment back.
+repetition's sets with its `time`). Its own copies of the inputs (the reference's and the baselines') stay in this
+process's private memory; it never reads the segment back. Large tensors spill into the evaluation's spill folder
+(sandbox.workspace: beside the workspace, in the root-owned workspaces folder), which this process reaches only
+through a directory fd opened before the candidate exists (sandbox.wire.SpillDir: a file it reads must be a
+regular file of the candidate's uid with one link; a rejected one is left alone).
 A stage that runs past its limit kills the candidate and yields `timeout`; a candidate that dies (segfault,
 abort, sticky CUDA error) yields `runtime_error`; the trusted worker itself never runs candidate code.
 """
