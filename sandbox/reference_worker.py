@@ -79,7 +79,7 @@ from sandbox.config import SandboxConfig
 from sandbox.jail import DEFAULT_HIDE, JailSpec, command_prefix, default_expose, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
-from sandbox.timing import Timer, agrees_with_estimate, l2_flush_buffer, trusted_estimate
+from sandbox.timing import Timer, agrees_with_estimate, floor_by_estimate, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -1226,11 +1226,13 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     if disagreements:
         out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
                           "wall clock; the wall clock (less the request round trip) was used for those")
-    limit = cfg.timing_slack_ms + cfg.timing_slack_rel * (sorted(ests)[len(ests) // 2] if ests else 0.0)
+    # systematically less than the trusted wall clock allows: no repetition counts for less than it, less the slack
+    # (a liar gains at most the slack; an honest figure is replaced only where it is that far short)
+    loops = [e - sh for e, sh in zip(ests, shortfalls)]
+    floored, med_short, limit = floor_by_estimate(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms,
+                                                  cfg.timing_slack_rel)
     if med_short > limit:
-        # systematically less than the trusted wall clock allows: no repetition counts for less than it, less the
-        # slack (a liar gains at most the slack; an honest figure is replaced only where it is that far short)
-        samples["candidate"] = [max(ms, (e - limit) / calls) for ms, e in zip(samples["candidate"], ests)]
+        samples["candidate"] = floored
         out["log"].append(f"profile: the candidate's in-process timings fell short of the trusted wall clock by a "
                           f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition counts "
                           "for at least the wall clock, less the round trip, the harness's own cost and the slack")

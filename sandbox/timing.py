@@ -189,3 +189,19 @@ def agrees_with_estimate(in_process_ms: float, wall_ms: float, estimate_ms: floa
     if in_process_ms > wall_ms + 0.5:
         return False
     return in_process_ms >= 0.5 * (estimate_ms - 3.0 * rtt_ms) - 1.0
+
+
+def floor_by_estimate(samples_ms: list[float], estimates_ms: list[float], in_process_ms: list[float], calls: int,
+                      slack_ms: float, slack_rel: float) -> tuple[list[float], float, float]:
+    """The median-repetition rule (module doc). samples_ms: the candidate's per-call times, one per repetition;
+    estimates_ms / in_process_ms: trusted_estimate and the in-process figure of each repetition (ms for `calls`
+    calls). Returns (per-call times to use, median shortfall in ms, the slack in ms): when the median repetition's
+    in-process figure falls short of its estimate by more than slack_ms + slack_rel * the median estimate, every
+    repetition counts for at least (estimate - slack) / calls; otherwise samples_ms unchanged."""
+    short = sorted(e - f for e, f in zip(estimates_ms, in_process_ms))
+    med = short[len(short) // 2] if short else 0.0
+    ests = sorted(estimates_ms)
+    limit = slack_ms + slack_rel * (ests[len(ests) // 2] if ests else 0.0)
+    if med <= limit:
+        return list(samples_ms), med, limit
+    return [max(ms, (e - limit) / max(calls, 1)) for ms, e in zip(samples_ms, estimates_ms)], med, limit

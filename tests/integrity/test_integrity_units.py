@@ -9,7 +9,7 @@ import torch
 
 from sandbox.evaluator import shape_variants
 from sandbox.integrity import Monitor, StateSnapshot
-from sandbox.timing import Timer, agree
+from sandbox.timing import Timer, agree, agrees_with_estimate, floor_by_estimate, trusted_estimate
 from sandbox.verify import precision_shortfall
 
 
@@ -18,6 +18,28 @@ def test_agree_rejects_more_than_elapsed_and_far_less():
     assert agree(4.0, 9.0, 0.05)  # a loaded host: within the band
     assert not agree(12.0, 10.0, 0.05)  # claims more time than passed
     assert not agree(0.5, 20.0, 0.05)  # claims a fraction of the wall clock
+
+
+def test_trusted_estimate_subtracts_calibrated_costs_and_caps_the_reported_prep():
+    # 20 ms of wall clock, 0.3 ms round trip, 0.1 ms of harness per call x 4 calls, 2 ms of reported unpacking
+    assert trusted_estimate(20.0, 0.3, 0.1, 4, 2.0, 1.0) == pytest.approx(20.0 - 0.3 - 0.4 - 2.0)
+    # a candidate that reports a huge unpacking time is credited at most 3x the trusted side's packing + 0.5 ms
+    assert trusted_estimate(20.0, 0.3, 0.1, 4, 19.0, 1.0) == pytest.approx(20.0 - 0.3 - 0.4 - 3.5)
+    assert trusted_estimate(20.0, 0.3, 0.1, 4, float("nan"), 1.0) == pytest.approx(20.0 - 0.7)
+    assert trusted_estimate(1.0, 0.3, 1.0, 4, "x", 0.0) == 0.0
+
+
+def test_estimate_band_and_median_floor():
+    assert agrees_with_estimate(9.0, 10.0, 9.2, 0.1)
+    assert not agrees_with_estimate(11.0, 10.0, 9.2, 0.1)  # more than the raw wall clock
+    assert not agrees_with_estimate(1.0, 10.0, 9.2, 0.1)  # a fraction of the estimate
+    est = [10.0] * 7
+    honest = [9.9, 9.8, 9.95, 6.0, 9.9, 9.85, 9.9]  # one repetition the host stole time from
+    s, med, limit = floor_by_estimate([f / 2 for f in honest], est, honest, 2, 0.25, 0.03)
+    assert s == [f / 2 for f in honest] and med <= limit  # believed as it is
+    liar = [f * 0.6 for f in honest]  # 40% under-reported in every repetition
+    s, med, limit = floor_by_estimate([f / 2 for f in liar], est, liar, 2, 0.25, 0.03)
+    assert med > limit and all(x >= (10.0 - limit) / 2 - 1e-9 for x in s)  # gains at most the slack
 
 
 def test_timer_reports_a_replaced_clock_and_its_code():
