@@ -88,6 +88,7 @@ REFUSED = {
     "suppress_swallows_error": "fallback",
     "exit_swallows_error": "static",
     "symlink_in_workspace": "file_write",
+    "tf_mode_at_no_grad_exit": "dispatch_op",
 }
 
 
@@ -258,8 +259,8 @@ HONEST = {"fast": 0, "slow": 0}
 @pytest.mark.parametrize("tname", sorted(p.name for p in CORPUS.iterdir() if (p / "model.py").exists()))
 def test_honest_corpus_keeps_its_rewards(default_evaluator, tname, variant):
     """The defences above cost an honest solution nothing: every fast and slow corpus solution is `ok`, a slow one
-    gets 0, the fused elementwise chain (8-10x eager) keeps its milestone, and the candidate's in-process timings
-    agree with the trusted wall clock in most repetitions."""
+    gets 0, the fused elementwise chain (8-10x eager) keeps its milestone, and nothing is a violation (no
+    timer_tampering from the trusted wall clock's bound on a loaded host)."""
     from sandbox.files import load_solution
 
     res = default_evaluator.evaluate(task(tname), load_solution(CORPUS / tname / "cpu" / variant), "cpu")
@@ -269,7 +270,3 @@ def test_honest_corpus_keeps_its_rewards(default_evaluator, tname, variant):
         assert res.reward == 0, res.message
     if variant == "fast" and tname == "elementwise_chain":
         assert res.reward >= 1, res.message
-    bad = [ln for ln in res.log if "disagreed" in ln]
-    if bad:
-        n = int(bad[0].split("profile: ")[1].split(" of ")[0])
-        assert n <= res.timing.candidate.reps // 2, bad[0]
