@@ -482,8 +482,12 @@ def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
 
 def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writable: list[str],
                    uid: int) -> JailSpec:
-    return JailSpec(workspace=ws, readonly=[model_py], writable=writable, uid=uid, expose=default_expose(),
-                    rlimits=_rlimits(cfg, device), hide=list(DEFAULT_HIDE))
+    # the folders the environment points the candidate's libraries at stay visible under the hidden roots
+    env_dirs = [d for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH") for d in os.environ.get(k, "").split(os.pathsep)
+                if d and os.path.isdir(d)]
+    return JailSpec(workspace=ws, readonly=[model_py], writable=writable, uid=uid,
+                    expose=default_expose() + sorted(set(env_dirs)), rlimits=_rlimits(cfg, device),
+                    hide=list(DEFAULT_HIDE))
 
 
 def _signal_name(rc: int | None) -> str:
