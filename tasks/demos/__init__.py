@@ -107,5 +107,7 @@ def demonstrations(task: Task, formats: tuple[str, ...] = FORMATS) -> list[Demo]
     for fmt in formats:
         for v in ("naive", "fused"):
             out.append(Demo(task.id, fmt, v, family, render(prog, fmt, v), _NOTES[(family, v)]))
-        out.append(Demo(task.id, fmt, "compact", family, render_compact(prog, fmt), plan(prog)))
+        chain = " -> ".join(task.operators)  # the reference's docstring opens with the same chain
+        out.append(Demo(task.id, fmt, "compact", family, render_compact(prog, fmt),
+                        f"{chain}: {plan(prog)}" if chain else plan(prog)))
     return out

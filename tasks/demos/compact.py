@@ -147,7 +147,8 @@ def _row_op(fmt: str, core: RowOp, src_var: str, out_var: str) -> tuple[str, lis
     cargs += ["float* out", "long long outer", "long long cols", "long long inner"]
     body = ["long long base = (r / inner) * cols * inner + r % inner;"]
     for var, comb, term, finish in passes:
-        body.append(f"float {var} = {_INIT[comb]};")
+        # sums accumulate in double: a float running sum over a long row drifts past the sandbox's precision budget
+        body.append(f"double {var} = 0.0;" if comb == "sum" else f"float {var} = {_INIT[comb]};")
         upd = f"{var} += {term};" if comb == "sum" else f"{var} = f{comb}f({var}, {term});"
         body.append(f"for (long long c = 0; c < cols; ++c) {{ float s = in[base + c * inner]; {upd} }}")
         if finish:
@@ -170,7 +171,9 @@ def _row_op(fmt: str, core: RowOp, src_var: str, out_var: str) -> tuple[str, lis
 
 def _scan_op(fmt: str, core: Scan, src_var: str, out_var: str) -> tuple[str, list[str]]:
     comb, ident = _SCAN_OPS[core.kind]
-    body = [f"float acc = {ident};",
+    acc = "double acc = " + ("1.0" if core.kind == "cumprod" else "0.0") if core.kind in ("cumsum", "cumprod") \
+        else f"float acc = {ident}"  # running sums and products in double, as torch accumulates them
+    body = [f"{acc};",
             f"for (long long c = 0; c < cols; ++c) {{ acc = {comb.format(a='acc', b='in[r * cols + c]')}; "
             f"out[r * cols + c] = acc; }}"]
     src = _kernel(fmt, "scan_op", ["const float* in", "float* out", "long long rows", "long long cols"], body, "r",
