@@ -8,7 +8,10 @@ reference's statements in order is a translation a small model can learn. So the
     shape helpers `bcast` and `row_geometry` from `sandbox.runtime` (sandbox/FORMATS.md);
   - writes at most three kernels: `prologue` (the pointwise statements before the core op, or all of them),
     the core op (`row_op`, `scan_op` or `matmul`) and `epilogue` (the pointwise statements after it). A pointwise
-    kernel keeps the reference's variable names and statement order: `x = F.silu(x)` becomes `x = silu_f(x);`.
+    kernel keeps the reference's variable names and statement order, each C statement under the reference's
+    statement as a comment: `// x = F.silu(x)` then `x = silu_f(x);` (the core kernels and their launch in
+    model_new.py carry theirs too). Copying a line, then translating the line just above, is what a small model
+    learns fastest: the constants and the order come from the comment, not from far back in the prompt.
 
 cpu: OpenMP over elements / rows; cubin: one thread per element / row / output. Correct, usually not faster than
 eager for row ops (one thread per row), often faster for pointwise chains (one pass instead of one per
@@ -39,9 +42,12 @@ def _cname(name: str) -> str:
     return name + "_" if name in _C_RESERVED else name
 
 
-def _kernel(fmt: str, name: str, args: list[str], body: list[str], index: str, count: str) -> str:
-    """An entry point whose body runs once per `index` in [0, count): an OpenMP loop (cpu) or one thread each."""
+def _kernel(fmt: str, name: str, args: list[str], body: list[str], index: str, count: str, comment: str = "") -> str:
+    """An entry point whose body runs once per `index` in [0, count): an OpenMP loop (cpu) or one thread each.
+    comment: the reference statement it computes, as a first line `// ...`."""
     head = f'extern "C" {"__global__ " if fmt == "cubin" else ""}void {name}({", ".join(args)}) {{'
+    if comment:
+        head += f"\n    // {comment}"
     if fmt == "cubin":
         lines = [head, f"    long long {index} = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
                  f"    if ({index} >= {count}) return;"] + ["    " + b for b in body]
@@ -101,6 +107,8 @@ def _pointwise(prog: Program, fmt: str, name: str, steps: list[Step], want: str,
         if expr.startswith("(") and expr.endswith(")") and _balanced(expr[1:-1]):
             expr = expr[1:-1]
         tgt = _cname(st.target)
+        if st.line:
+            body.append(f"// {st.line}")
         body.append(f"{tgt} = {expr};" if st.target in declared else f"float {tgt} = {expr};")
         declared.add(st.target)
     body.append(f"out[i] = {_cname(want)};")
@@ -161,8 +169,8 @@ def _row_op(fmt: str, core: RowOp, src_var: str, out_var: str) -> tuple[str, lis
         e = e.replace(" * 1.0f", "").replace(" + 0.0f", "")
         body.append(f"for (long long c = 0; c < cols; ++c) {{ float s = in[base + c * inner]; "
                     f"out[base + c * inner] = {e}; }}")
-    src = _kernel(fmt, "row_op", cargs, body, "r", "outer * inner")
-    py = [f"outer, cols, inner, shape = row_geometry({src_var}.shape, {_row_dim(core)}, {core.keepdim}, "
+    src = _kernel(fmt, "row_op", cargs, body, "r", "outer * inner", core.line)
+    py = [f"# {core.line}"] * bool(core.line) + [f"outer, cols, inner, shape = row_geometry({src_var}.shape, {_row_dim(core)}, {core.keepdim}, "
           f"{core.kind in REDUCTIONS})",
           f"{out_var} = torch.empty(shape, device={src_var}.device)",
           _launch(fmt, "row_op", [src_var] + affine + [out_var, "outer", "cols", "inner"], "outer * inner")]
@@ -177,8 +185,8 @@ def _scan_op(fmt: str, core: Scan, src_var: str, out_var: str) -> tuple[str, lis
             f"for (long long c = 0; c < cols; ++c) {{ acc = {comb.format(a='acc', b='in[r * cols + c]')}; "
             f"out[r * cols + c] = acc; }}"]
     src = _kernel(fmt, "scan_op", ["const float* in", "float* out", "long long rows", "long long cols"], body, "r",
-                  "rows")
-    py = [f"{out_var} = torch.empty_like({src_var})", f"cols = {src_var}.shape[-1]",
+                  "rows", core.line)
+    py = [f"# {core.line}"] * bool(core.line) + [f"{out_var} = torch.empty_like({src_var})", f"cols = {src_var}.shape[-1]",
           _launch(fmt, "scan_op", [src_var, out_var, f"{out_var}.numel() // cols", "cols"], f"{out_var}.numel() // cols")]
     return src, py
 
@@ -196,8 +204,8 @@ def _matmul(fmt: str, core: Gemm, a_var: str, out_var: str) -> tuple[str, list[s
              "for (long long k = 0; k < K; ++k) s += A[row * K + k] * B[b * b_sb + k * b_sk + j * b_sn];",
              "C[row * N + j] = s;"]
     body += inner if fmt == "cubin" else ["    " + x for x in inner] + ["}"]
-    src = _kernel(fmt, "matmul", cargs, body, index, count)
-    py = []
+    src = _kernel(fmt, "matmul", cargs, body, index, count, core.line)
+    py = [f"# {core.line}"] * bool(core.line)
     if core.batched:
         py.append(f"batch, m, k = {a_var}.shape")
     else:
