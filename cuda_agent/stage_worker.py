@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
              len(refused))
 
     # ---------------------------------------------------------------------------------------------- state
-    micro = max(1, min(args.microbatch, spec.batch_rows))
+    micro = max(1, min(args.microbatch or spec.batch_rows, spec.batch_rows))
     while spec.batch_rows % micro:
         micro -= 1
     ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", default="", help="the learner's stage store (rft, value_pretrain)")
     p.add_argument("--format", default="cpu", help="solution format of the demonstrations")
     p.add_argument("--device", default="cpu", help="cpu | cuda (task sizes)")
-    p.add_argument("--microbatch", type=int, default=1, help="rows per forward/backward pass")
+    p.add_argument("--microbatch", type=int, default=0,
+                   help="rows per forward/backward pass (0 = all rows of a step at once: the fastest on a CPU)")
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--export-every", type=int, default=0,
                    help="also write the policy every N steps to OUT_DIR-stepN (a learning curve; 0 = off)")
