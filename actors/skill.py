@@ -59,6 +59,9 @@ _FORMAT_TEXT = {
   Parameters: pointers to float, double, int, int64_t, uint8_t, ... (optionally const / __restrict__) and scalars
   of int, int64_t, long long, size_t, float, double, bool.
 - The library may only call the C library's memory and math functions, the C++ runtime and OpenMP.
+- `#include "cuda_agent.h"` (shipped by the sandbox) gives activations named after torch's (silu_f, gelu_erf_f,
+  softplus_f, ...), AT(p, i) for a broadcast parameter (sandbox.runtime.bcast gives its count and inner), and
+  vectorisable expf/logf/tanhf/...; sandbox.runtime.row_geometry gives (outer, cols, inner, out_shape) of a row op.
 - In model_new.py:
   from sandbox.runtime import load_kernels
   K = load_kernels()
@@ -71,6 +74,8 @@ _FORMAT_TEXT = {
 - Put kernels in kernels/*.cu (headers: kernels/*.cuh, kernels/*.h). Each .cu file is built on its own with
   `nvcc -cubin -arch=<the GPU's> -O3 -std=c++17 -I kernels`. No torch, ATen, pybind11 or Python headers: plain
   CUDA C++ (math functions, cuda_fp16.h, cuda_bf16.h, cooperative groups, inline PTX are fine).
+- `#include "cuda_agent.h"` (shipped by the sandbox) gives activations named after torch's (silu_f, gelu_erf_f,
+  ...), AT(p, i) for a broadcast parameter (sandbox.runtime.bcast) and block_reduce(v, op) for block-wide sums.
 - Entry points: `extern "C" __global__ void name(...)`, unique names across files. Parameters: pointers to float,
   double, __half, __nv_bfloat16, int, int64_t, uint8_t, ... (optionally const / __restrict__) and scalars of int,
   unsigned, int64_t, long long, size_t, float, double, bool.

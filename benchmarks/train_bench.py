@@ -32,9 +32,9 @@ def bench_sft(preset: str, steps: int) -> None:
     import numpy as np
 
     from cuda_agent.config import load_config
-    from cuda_agent.corpus import train_and_eval_tasks
+    from cuda_agent.corpus import composed_tasks, train_and_eval_tasks
     from cuda_agent.prepare import prepare_model
-    from cuda_agent.stage_worker import _micro, _row_len, demo_sequences
+    from cuda_agent.stage_worker import _micro, demo_sequences, row_length
     from cuda_agent.train_config import TrainConfig
     from learner.batch import pack_trajectories
     from learner.chat import ChatFormat
@@ -46,13 +46,15 @@ def bench_sft(preset: str, steps: int) -> None:
     cfg = load_config(TrainConfig, REPO / "configs" / f"{preset}.yaml")
     tr, ev = train_and_eval_tasks(cfg.tasks.train, cfg.tasks.eval, "cpu")
     folder = Path("/tmp") / f"train_bench_model_{preset}"
-    info = prepare_model(folder, cfg.model, cfg.tokenizer, tr, ev, "cpu", 0, cfg.actor.agent.skill)
+    composed = composed_tasks(cfg.stages.warm_start.composed_tasks, cfg.seed, ev)
+    info = prepare_model(folder, cfg.model, cfg.tokenizer, tr + composed, ev, "cpu", 0, cfg.actor.agent.skill,
+                         tuple(cfg.stages.warm_start.variants))
     tok = Tokenizer.from_file(folder)
-    seqs, dinfo = demo_sequences(cfg, ChatFormat(tok), tr, "cpu")
+    seqs, dinfo = demo_sequences(cfg, ChatFormat(tok), tr, "cpu", composed)
     ws = cfg.stages.warm_start
-    row_len = _row_len(seqs, ws.max_seq_len)
-    batch, _ = pack_trajectories(seqs, row_len, rows_multiple=ws.batch_rows)
-    micro = 2 if ws.batch_rows % 2 == 0 else 1
+    row_len = row_length(ws, seqs, ws.max_seq_len)
+    batch, _ = pack_trajectories(seqs, row_len, rows_multiple=ws.batch_rows, pack=True)
+    micro = ws.batch_rows  # as the stage worker: every row of a step in one pass
     state = create_train_state(load_pretrained(folder), OptimizerConfig(lr=ws.lr, warmup_steps=1, decay_steps=100),
                                PPOConfig(minibatch_size=ws.batch_rows, microbatch_size=micro, logits_chunk_size=512))
     seq = SequenceBatch(batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask)

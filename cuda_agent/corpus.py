@@ -87,6 +87,39 @@ def check_disjoint(train: Sequence[Task], eval_tasks: Sequence[Task]) -> None:
             raise ValueError(f"evaluation task {t.id} is also a training task: the eval split must be held out")
 
 
+def composed_tasks(n: int, seed: int, eval_tasks: Sequence[Task]) -> list[Task]:
+    """`n` extra training tasks for the warm start, composed on the spot: compositions of the demonstration
+    family's operators (tasks.builtin.build_family.family_composer, seeded), each with a demonstration made by the
+    generator. Not execution-filtered like the built-in splits (a demonstration only has to be a correct
+    translation of its reference; tests check a sample of them in the sandbox), never run as rollout tasks.
+
+    Held out: a composition with the operator chain of an evaluation task (or its very source) is skipped, so the
+    evaluation tasks stay unseen compositions. Deterministic in (n, seed, eval_tasks); ids "comp_<seed>_<index>".
+    About 10 ms per task on one core."""
+    if n <= 0:
+        return []
+    from tasks.builtin.build_family import family_composer
+
+    chains = {tuple(t.operators) for t in eval_tasks}
+    sources = {t.reference for t in eval_tasks}
+    comp = family_composer(10_000 + seed)
+    rng = random.Random(f"composed:{seed}")
+    out: list[Task] = []
+    index = 0
+    while len(out) < n and index < 20 * n:
+        cat = comp.categories[index % len(comp.categories)]
+        try:
+            t = comp.compose(index, category=cat, depth=rng.randint(2, 4))
+        except Exception:  # noqa: BLE001 - ComposeError: no composition for this slot, take the next
+            index += 1
+            continue
+        index += 1
+        if tuple(t.operators) in chains or t.reference in sources:
+            continue
+        out.append(t.replace(id=f"comp_{seed}_{index - 1:05d}"))  # source stays "synthesized"
+    return out
+
+
 def demos_for(tasks: Sequence[Task], fmt: str, variants: Sequence[str]) -> list[tuple[Task, object]]:
     """(task, Demo) pairs of the given format and variants, for every task a generator covers."""
     from tasks.demos import demonstrations
@@ -117,24 +150,30 @@ def demo_messages(task: Task, files: dict[str, str], fmt: str, mode: str, max_tu
             Message("assistant", "\n".join(parts))]
 
 
-def tokenizer_corpus(train: Sequence[Task], eval_tasks: Sequence[Task], fmt: str, max_turns: int = 8,
-                     skill: str = "full") -> Iterator[str]:
-    """Texts a from-scratch tokenizer is trained on: the skill prompts, every task's prompt (eval tasks included:
-    they are model inputs, never targets), and the demonstrations of the training tasks rendered as chats."""
+def tokenizer_corpus(train: Sequence[Task], fmt: str, max_turns: int = 8, skill: str = "full",
+                     variants: Sequence[str] = ("naive", "fused", "fast")) -> Iterator[str]:
+    """Texts a from-scratch tokenizer is trained on: the skill prompts (once per demonstration, as often as the
+    warm start's sequences hold them), the training tasks' prompts and their demonstrations of the given variants
+    (those the warm start uses) rendered as chats. Evaluation tasks stay out:
+    a merge seen only in their prompts would be a token whose embedding no training step ever touched."""
     from actors.skill import system_prompt, task_prompt
 
-    for mode in MODES:
-        yield system_prompt(fmt, mode, max_turns, skill)
-    for t in list(train) + list(eval_tasks):
+    pairs = demos_for(train, fmt, tuple(variants))
+    for mode in MODES:  # as often as the warm start's sequences hold it: merges across spaces make it a few tokens
+        for _ in range(max(1, len(pairs))):
+            yield system_prompt(fmt, mode, max_turns, skill)
+    for t in train:
         yield task_prompt(t, fmt, "single_turn")
-    for t, d in demos_for(train, fmt, ("naive", "fused", "fast")):
+    for t, d in pairs:
         for m in demo_messages(t, d.files, fmt, "single_turn", notes=d.notes):
             if m.role == "assistant":
                 yield m.content
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, split: str = "words",
+                    max_token_length: int = 0):
     """A byte-level BPE (learner.tokenizer.train_bpe) on `texts`."""
     from learner.tokenizer import train_bpe
 
-    return train_bpe(list(texts), vocab_size=vocab_size, min_frequency=min_frequency)
+    return train_bpe(list(texts), vocab_size=vocab_size, min_frequency=min_frequency, split=split,
+                     max_token_length=max_token_length or None)

@@ -2,7 +2,7 @@
 (config.json, model.safetensors, tokenizer.json) so every process (learner, actors, evaluations) loads the same
 thing from disk.
 
-From scratch (model.init=scratch): a byte-level BPE trained on the built-in corpus (cuda_agent.corpus) and a
+From scratch (model.init=scratch): a byte-level BPE trained on the training tasks' corpus (cuda_agent.corpus) and a
 randomly initialised Qwen2-layout transformer of the configured shape. From a checkpoint (model.init=hf): the
 folder is used as it is (its tokenizer.json must hold the ChatML special tokens).
 """
@@ -32,8 +32,10 @@ def model_config(spec: ModelSpec, vocab_size: int):
 
 
 def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: Sequence[Task],
-                  eval_tasks: Sequence[Task], fmt: str, seed: int = 0, skill: str = "full") -> dict:
+                  eval_tasks: Sequence[Task], fmt: str, seed: int = 0, skill: str = "full",
+                  variants: Sequence[str] = ("naive", "fused", "fast")) -> dict:
     """Write tokenizer.json and the initial checkpoint into `out` (skipped when `out/config.json` exists: resume).
+    The tokenizer's corpus holds the demonstrations of `variants` (those the warm start trains on).
     Returns a summary {"path", "params", "vocab_size", "tokenizer_s", "init_s"}. Raises ValueError when a given
     checkpoint lacks config.json or tokenizer.json."""
     out.mkdir(parents=True, exist_ok=True)
@@ -58,8 +60,8 @@ def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: S
     if tok_spec.path:
         tok = Tokenizer.from_file(tok_spec.path)
     else:
-        tok = train_tokenizer(tokenizer_corpus(train, eval_tasks, fmt, skill=skill), tok_spec.vocab_size,
-                              tok_spec.min_frequency)
+        tok = train_tokenizer(tokenizer_corpus(train, fmt, skill=skill, variants=variants), tok_spec.vocab_size,
+                              tok_spec.min_frequency, tok_spec.split, tok_spec.max_token_length)
     tok.save(out / "tokenizer.json")
     t1 = time.monotonic()
     cfg = model_config(model, tok.vocab_size)
@@ -71,6 +73,26 @@ def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: S
             "init_s": round(time.monotonic() - t1, 2)}
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def composed_path(run: Path) -> Path:
+    """RUN/tasks/composed.jsonl: the warm start's composed tasks (cuda_agent.corpus.composed_tasks)."""
+    return run / "tasks" / "composed.jsonl"
+
+
+def write_composed(run: Path, cfg, eval_tasks: Sequence[Task]) -> list[Task]:
+    """The run's composed warm-start tasks (stages.warm_start.composed_tasks of them, seeded by the run seed), made
+    once and kept in RUN/tasks/composed.jsonl for the stage worker; read back when the file exists (resume)."""
+    from cuda_agent.corpus import composed_tasks
+    from tasks.loaders import load_jsonl, write_jsonl
+
+    path = composed_path(run)
+    n = cfg.stages.warm_start.composed_tasks
+    if path.exists():
+        return load_jsonl(path)
+    tasks = composed_tasks(n, cfg.seed, eval_tasks) if cfg.stages.warm_start.enabled else []
+    write_jsonl(tasks, path)
+    return tasks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,8 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(TrainConfig, run / "config.yaml")
     train = load_jsonl(run / "tasks" / "train.jsonl")
     ev = load_jsonl(run / "tasks" / "eval.jsonl")
-    info = prepare_model(run / "model", cfg.model, cfg.tokenizer, train, ev, args.format, cfg.seed,
-                         cfg.actor.agent.skill)
+    t0 = time.monotonic()
+    composed = write_composed(run, cfg, ev)
+    composed_s = time.monotonic() - t0
+    info = prepare_model(run / "model", cfg.model, cfg.tokenizer, train + composed, ev, args.format, cfg.seed,
+                         cfg.actor.agent.skill, tuple(cfg.stages.warm_start.variants))
+    info = {**info, "composed_tasks": len(composed), "composed_s": round(composed_s, 2)}
     sys.stdout.write(json.dumps(info) + "\n")
     return 0
 

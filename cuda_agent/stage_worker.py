@@ -53,14 +53,16 @@ class _Seq:
     policy_version: int = 0
 
 
-def demo_sequences(cfg, chat, train_tasks, fmt: str) -> tuple[list[_Seq], dict]:
-    """Demonstrations of the training tasks as token sequences (single-turn and multi-turn renderings)."""
+def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple[list[_Seq], dict]:
+    """Demonstrations of the training tasks as token sequences (single-turn and multi-turn renderings), and of
+    the run's composed tasks (cuda_agent.corpus.composed_tasks; single-turn only)."""
     from cuda_agent.corpus import demo_messages, demos_for
 
     ws = cfg.stages.warm_start
     out, too_long = [], 0
-    for task, demo in demos_for(train_tasks, fmt, tuple(ws.variants)):
-        for mode in ("single_turn", "multi_turn"):
+    composed = {t.id for t in composed_tasks}
+    for task, demo in demos_for(list(train_tasks) + list(composed_tasks), fmt, tuple(ws.variants)):
+        for mode in ("single_turn",) if task.id in composed else ("single_turn", "multi_turn"):
             max_turns = cfg.stages.multi_turn_ppo.max_turns if mode == "multi_turn" else 0
             r = chat.render(demo_messages(task, demo.files, fmt, mode, max_turns, demo.notes, cfg.actor.agent.skill))
             if len(r.ids) > ws.max_seq_len:
@@ -69,12 +71,22 @@ def demo_sequences(cfg, chat, train_tasks, fmt: str) -> tuple[list[_Seq], dict]:
             out.append(_Seq(f"demo-{task.id}-{demo.variant}-{mode}", r.ids.astype(np.int32),
                             r.loss_mask.astype(np.uint8), np.zeros(len(r.ids), np.float32)))
     return out, {"demos/sequences": len(out), "demos/too_long": too_long,
-                 "demos/tasks": len({s.episode_id.split('-')[1] for s in out})}
+                 "demos/tasks": len({s.episode_id.split('-')[1] for s in out}),
+                 "demos/composed_tasks": len(composed)}
 
 
 def _row_len(seqs, cap: int) -> int:
     longest = max(len(s.tokens) for s in seqs)
     return int(min(cap, -(-longest // 256) * 256))
+
+
+def row_length(spec, seqs, default_cap: int) -> int:
+    """Tokens per packed row for a stage: its `row_len` when set (raised to the longest sequence), else the
+    longest sequence rounded up to 256, at most its `max_seq_len` (or default_cap)."""
+    explicit = getattr(spec, "row_len", 0)
+    if explicit:
+        return max(explicit, max(len(s.tokens) for s in seqs))
+    return _row_len(seqs, getattr(spec, "max_seq_len", default_cap))
 
 
 class _Stop:
@@ -130,9 +142,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     info: dict = {}
     if stage == "warm_start":
-        train_tasks, _ = train_and_eval_tasks(cfg.tasks.train, cfg.tasks.eval, args.device, cfg.tasks.max_train_tasks,
-                                              cfg.tasks.max_eval_tasks, cfg.seed)
-        seqs, info = demo_sequences(cfg, chat, train_tasks, fmt)
+        train_tasks, eval_tasks = train_and_eval_tasks(cfg.tasks.train, cfg.tasks.eval, args.device,
+                                                       cfg.tasks.max_train_tasks, cfg.tasks.max_eval_tasks, cfg.seed)
+        from cuda_agent.prepare import write_composed
+
+        seqs, info = demo_sequences(cfg, chat, train_tasks, fmt, write_composed(run_dir, cfg, eval_tasks))
     else:
         store = lstages.StageStore(args.store)
         trajs = store.read_all("single_turn_ppo")
@@ -148,13 +162,13 @@ def run(args: argparse.Namespace) -> int:
         _copy_policy(Path(args.init), out)
         (work / "result.json").write_text(json.dumps({"status": "no_data", **info}) + "\n")
         return EXIT_NO_DATA
-    row_len = _row_len(seqs, getattr(spec, "max_seq_len", cfg.learner.max_seq_len))
+    row_len = row_length(spec, seqs, cfg.learner.max_seq_len)
     batch, refused = pack_trajectories(seqs, row_len, rows_multiple=spec.batch_rows, pack=True)
     log.info("stage %s: %d sequences in %d rows of %d tokens (%d refused)", stage, len(seqs), batch.num_rows, row_len,
              len(refused))
 
     # ---------------------------------------------------------------------------------------------- state
-    micro = max(1, min(args.microbatch, spec.batch_rows))
+    micro = max(1, min(args.microbatch or spec.batch_rows, spec.batch_rows))
     while spec.batch_rows % micro:
         micro -= 1
     ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
@@ -192,6 +206,24 @@ def run(args: argparse.Namespace) -> int:
                   force=True)
         ckpt.wait()
 
+    def export(dst: Path) -> None:
+        """The policy (with the input's critic, or the trained critic for value_pretrain) as a Hugging Face
+        folder at dst, written to dst.tmp first and renamed."""
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if stage == "value_pretrain":
+            _copy_policy(Path(args.init), tmp)
+            save_pretrained(nnx.merge(state.graphdef, state.params, state.rest), tmp / "critic", dtype="float32")
+        else:
+            save_pretrained(nnx.merge(state.graphdef, state.params, state.rest), tmp, dtype="float32",
+                            extra_config={"eos_token_id": tok.im_end_id, "bos_token_id": tok.im_start_id})
+            tok.save(tmp / "tokenizer.json")
+            src_critic = Path(args.init) / "critic"
+            if src_critic.exists():
+                shutil.copytree(src_critic, tmp / "critic")
+        shutil.rmtree(dst, ignore_errors=True)
+        tmp.rename(dst)
+
     t_start = time.monotonic()
     status = "done"
     tokens_done = 0
@@ -218,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
             metrics.log(step, m)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save()
+            if args.export_every and step % args.export_every == 0 and stage != "value_pretrain":
+                export(out.with_name(f"{out.name}-step{step}"))
         if status != "done":
             break
     save()
@@ -227,22 +261,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_STOPPED
 
     # ---------------------------------------------------------------------------------------------- export
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if stage == "value_pretrain":
-        _copy_policy(Path(args.init), tmp)
-        critic = nnx.merge(state.graphdef, state.params, state.rest)
-        save_pretrained(critic, tmp / "critic", dtype="float32")
-    else:
-        model = nnx.merge(state.graphdef, state.params, state.rest)
-        save_pretrained(model, tmp, dtype="float32",
-                        extra_config={"eos_token_id": tok.im_end_id, "bos_token_id": tok.im_start_id})
-        tok.save(tmp / "tokenizer.json")
-        src_critic = Path(args.init) / "critic"
-        if src_critic.exists():
-            shutil.copytree(src_critic, tmp / "critic")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    export(out)
     result = {"status": status, "steps": step, "tokens": tokens_done, "wall_s": time.monotonic() - t_start,
               "rows": batch.num_rows, "row_len": row_len, **info}
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -265,8 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", default="", help="the learner's stage store (rft, value_pretrain)")
     p.add_argument("--format", default="cpu", help="solution format of the demonstrations")
     p.add_argument("--device", default="cpu", help="cpu | cuda (task sizes)")
-    p.add_argument("--microbatch", type=int, default=1, help="rows per forward/backward pass")
+    p.add_argument("--microbatch", type=int, default=0,
+                   help="rows per forward/backward pass (0 = all rows of a step at once: the fastest on a CPU)")
     p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--export-every", type=int, default=0,
+                   help="also write the policy every N steps to OUT_DIR-stepN (a learning curve; 0 = off)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import sys
@@ -265,10 +266,13 @@ class TrainDriver:
         write_jsonl(ev, tdir / "eval.jsonl")
         from cuda_agent.corpus import demos_for
 
-        demo_ids = sorted({t.id for t, _ in demos_for(train, self.fmt, ("naive", "fused", "fast"))})
+        demo_ids = sorted({t.id for t, _ in demos_for(train, self.fmt, tuple(cfg.stages.warm_start.variants))})
         rollout = [t for t in train if t.id in demo_ids] if cfg.tasks.rollout_demo_tasks_only else train
         write_jsonl(rollout or train, tdir / "rollout.jsonl")
-        probe = [t for t in train if t.id in demo_ids][: cfg.eval.on_train_tasks]
+        with_demos = [t for t in train if t.id in demo_ids]
+        # the training probe: a fixed sample of the tasks with demonstrations (the same for every run seed)
+        probe = sorted(random.Random(0).sample(with_demos, min(cfg.eval.on_train_tasks, len(with_demos))),
+                       key=lambda t: t.id)
         if probe:
             write_jsonl(probe, tdir / "train_probe.jsonl")
         self._bar_update(bar, 1, f"{len(train)} training tasks ({len(demo_ids)} with demonstrations), "

@@ -79,11 +79,23 @@ class TokenizerSpec:
     sources, demonstrations) when `path` is empty and the model is trained from scratch."""
 
     path: str = ""
+    """A tokenizer.json to use as it is ("" = train one)."""
     vocab_size: int = 4096
+    """Most ids of a trained tokenizer (fewer when the corpus has no more merges at min_frequency)."""
     min_frequency: int = 2
+    """Merges seen fewer times than this in the corpus are not made."""
+    split: str = "words"
+    """Pre-tokenization (learner.tokenizer.SPLITS): "words" (GPT-2's regex) or "digits" (merges across spaces and
+    punctuation, digits one by one: several times fewer tokens on code)."""
+    max_token_length: int = 0
+    """Longest merged token in characters (0 = no limit)."""
 
     def __post_init__(self) -> None:
+        from learner.tokenizer import SPLITS
+
         _check(self.vocab_size >= 512, f"tokenizer.vocab_size must be >= 512, got {self.vocab_size}")
+        _check(self.split in SPLITS, f"tokenizer.split must be one of {SPLITS}, got {self.split!r}")
+        _check(self.max_token_length >= 0, "tokenizer.max_token_length must be >= 0")
 
 
 @dataclasses.dataclass
@@ -121,13 +133,24 @@ class WarmStartSpec:
     warmup_steps: int = 20
     max_seq_len: int = 4096
     """Demonstrations longer than this (in tokens) are left out (counted in the metrics)."""
+    row_len: int = 0
+    """Tokens per packed training row (several demonstrations share a row, attention stays within each); 0 = the
+    longest demonstration rounded up to a multiple of 256. At most max_seq_len."""
     time_budget_s: float = 600.0
     """Stop early after this long (the stage still ends with a checkpoint)."""
     variants: List[str] = dataclasses.field(default_factory=lambda: ["fused", "fast", "naive"])
     """Demonstration variants used."""
+    composed_tasks: int = 0
+    """Extra warm-start tasks composed for the run (cuda_agent.corpus.composed_tasks: the demonstration family's
+    operators, never an evaluation task's operator chain), each with its demonstration of `variants`, rendered
+    single-turn only; they are not rollout tasks. Many fresh compositions instead of many epochs over a few hundred
+    tasks: a small model then learns the translation instead of memorising the tasks."""
 
     def __post_init__(self) -> None:
-        _at_least(self, "stages.warm_start", steps=0, batch_rows=1, max_seq_len=16, lr=0, warmup_steps=0)
+        _at_least(self, "stages.warm_start", steps=0, batch_rows=1, max_seq_len=16, lr=0, warmup_steps=0,
+                  row_len=0, composed_tasks=0)
+        _check(self.row_len <= self.max_seq_len,
+               f"stages.warm_start.row_len must be <= max_seq_len ({self.max_seq_len}), got {self.row_len}")
         _positive(self, "stages.warm_start", "time_budget_s")
 
 

@@ -38,6 +38,18 @@ from sandbox.static_check import check_instructions, check_symbols
 from sandbox.workspace import Workspace
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+"""Headers the sandbox ships for cpu and cubin solutions (`#include "cuda_agent.h"`, see sandbox/FORMATS.md); on
+the include path of those builds, after the solution's own kernels/ folder."""
+
+
+@functools.cache
+def _shipped_headers() -> str:
+    """sha256 over the shipped headers (part of the build cache key: a changed header rebuilds)."""
+    h = hashlib.sha256()
+    for p in sorted(INCLUDE_DIR.glob("*.h")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
 
 
 @dataclasses.dataclass
@@ -242,10 +254,10 @@ def build(ws: Workspace, fmt: str, cfg: SandboxConfig, jail: JailSpec | None, ar
                                elapsed_ms=(time.perf_counter() - t0) * 1e3)
     if fmt == "cpu":
         flags = shlex.split(cfg.cpu_cflags)
-        toolchain = [_tool_version(cfg.cc), _tool_version(cfg.cxx), _cpu_model()]
+        toolchain = [_tool_version(cfg.cc), _tool_version(cfg.cxx), _cpu_model(), _shipped_headers()]
     elif fmt == "cubin":
         flags = ["-cubin", f"-arch={arch}"] + shlex.split(cfg.nvcc_flags)
-        toolchain = [_tool_version(cfg.nvcc)]
+        toolchain = [_tool_version(cfg.nvcc), _shipped_headers()]
     else:
         import torch
 
@@ -297,9 +309,9 @@ def _build_cpu(r: _Runner, ws: Workspace, cfg: SandboxConfig, sources: dict[str,
     for p in sorted(sources):
         obj = f".build/{Path(p).name}.o"
         if p.endswith(".c"):
-            argv = [cfg.cc, "-std=gnu11", *flags, "-Ikernels", "-c", p, "-o", obj]
+            argv = [cfg.cc, "-std=gnu11", *flags, "-Ikernels", f"-I{INCLUDE_DIR}", "-c", p, "-o", obj]
         else:
-            argv = [cfg.cxx, "-std=gnu++17", *flags, "-Ikernels", "-c", p, "-o", obj]
+            argv = [cfg.cxx, "-std=gnu++17", *flags, "-Ikernels", f"-I{INCLUDE_DIR}", "-c", p, "-o", obj]
         code, out = r.run(argv)
         logs.append(out)
         if code != 0:
@@ -319,7 +331,7 @@ def _build_cubin(r: _Runner, ws: Workspace, cfg: SandboxConfig, sources: dict[st
     logs, arts = [], []
     for p in sorted(sources):
         out_file = f"{Path(p).stem}.cubin"
-        code, out = r.run([cfg.nvcc, *flags, "-Ikernels", "-o", f".build/{out_file}", p])
+        code, out = r.run([cfg.nvcc, *flags, "-Ikernels", f"-I{INCLUDE_DIR}", "-o", f".build/{out_file}", p])
         logs.append(out)
         if code != 0:
             return _fail(code, "\n".join(logs))

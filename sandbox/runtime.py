@@ -358,3 +358,73 @@ def load_extension(manifest: str | os.PathLike | None = None) -> Any:
             loader.exec_module(mod)
             return mod
     raise FileNotFoundError("the build has no extension module (is this an extension-format solution?)")
+
+
+# ------------------------------------------------------------------------------------------------ shape helpers
+# Pure Python on shapes (no tensor op reaches torch's dispatcher): what a kernel needs to index its operands.
+
+
+def bcast(p: Any, x: Any, axis: int | None = None) -> tuple[int, int]:
+    """(count, inner) such that element i of the contiguous tensor x reads p's flat element (i // inner) % count
+    when p is broadcast over x: the `p_count, p_inner` kernel arguments that `AT(p, i)` of `cuda_agent.h` reads.
+
+    axis None: torch broadcasting (p's shape aligned to the right of x's); the axes where p's size is not 1 must be
+    consecutive. An int: p is a vector running along that axis of x (as nn.PReLU's weight along axis 1).
+    A single-element p gives (1, 1). Raises ValueError when p does not broadcast over x that way.
+    """
+    shape = [int(s) for s in x.shape]
+    if p.numel() == 1:
+        return 1, 1
+    if axis is not None:
+        a = axis if axis >= 0 else len(shape) + axis
+        if not 0 <= a < len(shape) or p.numel() != shape[a]:
+            raise ValueError(f"bcast: {p.numel()} parameter elements along axis {axis} of x of shape {tuple(shape)}")
+        lo = hi = a
+    else:
+        ps = [int(s) for s in p.shape]
+        off = len(shape) - len(ps)
+        if off < 0 or any(s != 1 and s != shape[off + k] for k, s in enumerate(ps)):
+            raise ValueError(f"bcast: parameter of shape {tuple(ps)} does not broadcast over {tuple(shape)}")
+        big = [off + k for k, s in enumerate(ps) if s != 1]
+        lo, hi = big[0], big[-1]
+        if any(ps[a - off] == 1 and shape[a] != 1 for a in range(lo, hi + 1)):
+            raise ValueError(f"bcast: parameter of shape {tuple(ps)} over {tuple(shape)}: its axes are not consecutive")
+    count = inner = 1
+    for s in shape[lo:hi + 1]:
+        count *= s
+    for s in shape[hi + 1:]:
+        inner *= s
+    return count, inner
+
+
+def row_geometry(shape: Any, dim: int | tuple = -1, keepdim: bool = False,
+                 reduce: bool = True) -> tuple[int, int, int, list[int]]:
+    """(outer, cols, inner, out_shape) of a row operation over `dim` of a contiguous tensor of `shape`: row r
+    (0 <= r < outer * inner) holds the `cols` elements base + c * inner, base = (r // inner) * cols * inner + r %
+    inner, and a reduction writes its value at flat index r of out_shape.
+
+    dim: one axis (negative counts from the end), or a tuple of trailing axes given by their first and last, e.g.
+    (2, 3) or (2, -1) for the axes 2.. of a 4-D tensor (their product is cols, inner 1). keepdim: the reduced axes
+    stay as size 1. reduce False (a normalisation): out_shape is shape.
+    Raises ValueError for axes out of range or a tuple that does not end at the last axis.
+    """
+    shape = [int(s) for s in shape]
+    nd = len(shape)
+    dims = [d if d >= 0 else nd + d for d in (dim if isinstance(dim, (tuple, list)) else (dim,))]
+    if not dims or any(not 0 <= d < nd for d in dims):
+        raise ValueError(f"row_geometry: dim {dim} out of range for {nd} axes")
+    if len(dims) > 1 and (dims[-1] != nd - 1 or dims != sorted(set(dims))
+                          or (len(dims) > 2 and dims != list(range(dims[0], nd)))):
+        raise ValueError(f"row_geometry: dims {dim} are not the trailing axes of {nd} (first and last, or all)")
+    k0, k1 = dims[0], dims[-1]
+    outer = cols = inner = 1
+    for s in shape[:k0]:
+        outer *= s
+    for s in shape[k0:k1 + 1]:
+        cols *= s
+    for s in shape[k1 + 1:]:
+        inner *= s
+    if not reduce:
+        return outer, cols, inner, shape
+    out = shape[:k0] + ([1] * (k1 + 1 - k0) if keepdim else []) + shape[k1 + 1:]
+    return outer, cols, inner, out

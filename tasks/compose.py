@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tasks.categories import CATEGORIES
 from tasks.graph import Builder, Value
@@ -115,9 +115,13 @@ for _op in REGISTRY:
 class GraphComposer:
     """Random, shape-checked composition of registry operators. See the module docstring."""
 
-    def __init__(self, config: ComposeConfig | None = None, registry: tuple[OpSpec, ...] = REGISTRY):
+    def __init__(self, config: ComposeConfig | None = None, registry: tuple[OpSpec, ...] = REGISTRY,
+                 accept: Callable[[str], bool] | None = None):
+        """registry: the operators to compose; accept: an extra test of each rendered reference source (e.g.
+        "the demonstration generator covers it"); an attempt it refuses counts as a failed attempt."""
         self.config = config or ComposeConfig()
         self.registry = registry
+        self.accept = accept
         self.categories = sorted({op.category for op in registry}, key=CATEGORIES.index)
 
     # one attempt ------------------------------------------------------------------------------------------
@@ -192,6 +196,8 @@ class GraphComposer:
             doc = (f"{' -> '.join(b.ops)}\n\nSynthesized task {task_id}: {len(b.ops)} operators around a {cat} "
                    f"anchor ({anchor.name}).")
             source = b.render(doc)
+            if self.accept is not None and not self.accept(source):
+                continue
             return Task(
                 id=task_id,
                 name="_".join(b.ops),

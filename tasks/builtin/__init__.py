@@ -10,9 +10,14 @@ Splits (plain functions, no registry):
     figures; metadata["eager_ms_estimate_h200"], metadata["gpu_timing_status"] == "unmeasured") until
     measured on an H200. metadata["cpu_shape_params"] gives a small size at which they were checked on a
     CPU; `at_cpu_size(task)` returns that version.
+  - "cpu_family_train", "cpu_family_eval": synthesized + filtered (same filter, CPU-sized) compositions of only
+    the operators the demonstration generator covers (tasks.demos.ir's fused family), so that every training task
+    has a demonstration and the evaluation tasks are new compositions of the same operators: what a small model
+    trained from scratch can learn and generalise on (the `local` preset of `cuda-agent train`).
   The eval splits are fixed and never receive demonstrations.
 
-Rebuild with `python -m tasks.builtin.build` (see that module); the files here are its output.
+Rebuild with `python -m tasks.builtin.build` and `python -m tasks.builtin.build_family` (see those modules); the
+files here are their output.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from pathlib import Path
 from tasks.schema import Task
 
 HERE = Path(__file__).resolve().parent
-SPLITS = ("single_op", "cpu_train", "cpu_eval", "gpu_train", "gpu_eval")
-TRAIN_SPLITS = ("single_op", "cpu_train", "gpu_train")
-EVAL_SPLITS = ("cpu_eval", "gpu_eval")
+SPLITS = ("single_op", "cpu_train", "cpu_eval", "gpu_train", "gpu_eval", "cpu_family_train", "cpu_family_eval")
+TRAIN_SPLITS = ("single_op", "cpu_train", "gpu_train", "cpu_family_train")
+EVAL_SPLITS = ("cpu_eval", "gpu_eval", "cpu_family_eval")
 
 
 def split_path(name: str) -> Path:

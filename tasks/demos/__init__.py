@@ -7,7 +7,8 @@ different speed each. They feed the supervised warm start of small models (stage
 
 Where they come from (plain function calls, chosen in `demonstrations`):
   - the fused family (tasks.demos.ir + tasks.demos.codegen): pointwise chains with an optional row reduction /
-    normalisation, scan or matrix product, variants "naive" and "fused";
+    normalisation, scan or matrix product, variants "naive" and "fused", and "compact" (tasks.demos.compact:
+    short solutions on the sandbox's helper header that mirror the reference line by line, for small models);
   - hand-written generators for conv2d, 2x2 pooling, RMSNorm and the MSE loss (tasks.demos.handwritten),
     variants "naive" and "fast".
 The shipped set is `tasks/builtin/demos.jsonl` (built by `python -m tasks.demos.build`); never for an eval task.
@@ -30,7 +31,7 @@ class Demo:
     Fields:
       task_id: the task it solves.
       format: "cpu" or "cubin" (sandbox/FORMATS.md).
-      variant: "naive" (slower) or "fused" / "fast" (faster).
+      variant: "naive" (slower) or "fused" / "fast" (faster), or "compact" (shortest; tasks.demos.compact).
       family: which generator made it ("pointwise", "row", "scan", "gemm", "conv2d", "pool2d", ...).
       files: the solution, {workspace-relative path: text}.
       notes: one line on how it works (for training text).
@@ -86,6 +87,7 @@ def _handwritten(task: Task):
 def demonstrations(task: Task, formats: tuple[str, ...] = FORMATS) -> list[Demo]:
     """All demonstrations available for a task (empty when none of the generators covers it)."""
     from tasks.demos.codegen import render
+    from tasks.demos.compact import plan, render_compact
     from tasks.demos.ir import Unsupported, translate
 
     out: list[Demo] = []
@@ -105,4 +107,7 @@ def demonstrations(task: Task, formats: tuple[str, ...] = FORMATS) -> list[Demo]
     for fmt in formats:
         for v in ("naive", "fused"):
             out.append(Demo(task.id, fmt, v, family, render(prog, fmt, v), _NOTES[(family, v)]))
+        chain = " -> ".join(task.operators)  # the reference's docstring opens with the same chain
+        out.append(Demo(task.id, fmt, "compact", family, render_compact(prog, fmt),
+                        f"{chain}: {plan(prog)}" if chain else plan(prog)))
     return out

@@ -73,6 +73,7 @@ class Step:
     target: str
     expr: str
     uses: list[str]
+    line: str = ""  # the reference's statement, as written
 
 
 @dataclass
@@ -87,6 +88,7 @@ class RowOp:
     eps: float = 0.0
     weight: str = ""  # python expressions of LayerNorm / RMSNorm affine parameters ("" for none)
     bias: str = ""
+    line: str = ""  # the reference's statement, as written
 
 
 @dataclass
@@ -94,6 +96,7 @@ class Scan:
     kind: str
     source: str
     target: str
+    line: str = ""  # the reference's statement, as written
 
 
 @dataclass
@@ -111,6 +114,7 @@ class Gemm:
     b_layout: str
     batched: bool = False
     bias: str = ""
+    line: str = ""  # the reference's statement, as written
 
 
 @dataclass
@@ -432,9 +436,10 @@ class _Translator:
         raise Unsupported(f"{name} operand {ast.unparse(b)[:40]}")
 
     # -- statements ------------------------------------------------------------------------------------
-    def statement(self, target: str, value: ast.AST) -> None:
+    def statement(self, target: str, value: ast.AST, line: str = "") -> None:
         core = self.core(target, value)
         if core is not None:
+            core.line = line
             if self.phase != "prologue":
                 raise Unsupported("more than one core op")
             if isinstance(core, Gemm) and core.b in self.prog.inputs and core.b == core.a:
@@ -447,7 +452,7 @@ class _Translator:
             return
         uses: list[str] = []
         e = self.expr(value, uses)
-        step = Step(target, e, uses)
+        step = Step(target, e, uses, line)
         (self.prog.prologue if self.phase == "prologue" else self.prog.epilogue).append(step)
         self.names.add(target)
         self.assigned.add(target)
@@ -474,7 +479,7 @@ def translate(source: str) -> Program:
             if isinstance(st.value, ast.Name) and st.value.id in tr.names:
                 prog.result = st.value.id
             elif st.value is not None and not isinstance(st.value, (ast.Tuple, ast.List, ast.Dict)):
-                tr.statement("result", st.value)
+                tr.statement("result", st.value, _line(source, st))
                 prog.result = "result"
             else:
                 raise Unsupported("return of several values")
@@ -482,12 +487,18 @@ def translate(source: str) -> Program:
                 raise Unsupported("returns an input unchanged")
             return _check(prog)
         if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-            tr.statement(st.targets[0].id, st.value)
+            tr.statement(st.targets[0].id, st.value, _line(source, st))
         elif (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Tuple)):
             raise Unsupported("tuple assignment")
         else:
             raise Unsupported(f"statement {ast.unparse(st)[:60]}")
     raise Unsupported("forward does not end in return")
+
+
+def _line(source: str, st: ast.stmt) -> str:
+    """A statement's text as the reference writes it (one line; ast.unparse when the segment is unavailable)."""
+    seg = ast.get_source_segment(source, st) or ast.unparse(st)
+    return " ".join(seg.split())
 
 
 def _check(prog: Program) -> Program:

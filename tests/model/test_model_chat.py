@@ -50,6 +50,28 @@ def test_bpe_round_trips_any_text(tok, text):
     assert tok.decode(tok.encode(text)) == text
 
 
+@pytest.fixture(scope="module")
+def tok_digits() -> Tokenizer:
+    return train_bpe(CORPUS, vocab_size=600, min_frequency=2, split="digits")
+
+
+def test_digits_split_merges_across_words_and_keeps_digits_apart(tok, tok_digits):
+    line = "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    assert len(tok_digits.encode(line)) < len(tok.encode(line)) / 2
+    pieces = [tok_digits.decode([i]) for i in tok_digits.encode("nvcc -arch=sm_90a, 1.7x over 12.25")]
+    assert all(len(p) == 1 for p in pieces if any(c.isdigit() for c in p)), pieces  # one digit per token
+    for i, t in enumerate(SPECIAL_TOKENS):
+        assert tok_digits.encode(t) == [i]
+    with pytest.raises(ValueError, match="split must be one of"):
+        train_bpe(CORPUS, vocab_size=600, split="lines")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_digits_bpe_round_trips_any_text(tok_digits, text):
+    assert tok_digits.decode(tok_digits.encode(text)) == text
+
+
 def test_tokenizer_without_chat_tokens_names_file(tmp_path):
     bare = tokenizers.Tokenizer(tokenizers.models.BPE())
     bare.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()

@@ -113,3 +113,21 @@ def test_gpu_split_sample_on_the_gpu(splits):
     for t, v in filter_in_process(sample, cfg):
         print(t.id, t.metadata["eager_ms_estimate_h200"], "estimated ms;", v.eager_ms, "measured ms")
         assert v.accepted, (t.id, v.reason, v.detail)
+
+
+def test_family_splits_are_demonstration_family_compositions(splits):
+    """cpu_family_*: every task is a composition the demonstration generator covers (training tasks have a
+    compact demonstration; evaluation tasks get none), of the same operators, none shared between the two."""
+    from tasks.builtin.build_family import FAMILY_OPS, in_family
+    from tasks.demos import demonstrations
+
+    train, ev = splits["cpu_family_train"], splits["cpu_family_eval"]
+    assert len(train) >= 200 and len(ev) >= 20
+    for t in train + ev:
+        assert in_family(t.reference) and set(t.operators) <= FAMILY_OPS, t.id
+    for t in train[:20]:
+        assert any(d.variant == "compact" for d in demonstrations(t, ("cpu",))), t.id
+    assert not {t.content_hash for t in train} & {t.content_hash for t in ev}
+    train_ops = {op for t in train for op in t.operators}
+    assert {op for t in ev for op in t.operators} <= train_ops  # nothing in eval that training never shows
+    assert len({t.category for t in ev}) >= 5

@@ -62,6 +62,30 @@ def test_translator_rejects_what_it_cannot_generate():
         render(translate(relu.reference), "metal", "fused")
 
 
+def test_compact_demos_are_short_and_pass_the_sandbox():
+    """One compact cpu demonstration per core kind: built on the shipped header, correct under the sandbox."""
+    from sandbox.config import SandboxConfig
+    from sandbox.evaluator import Evaluator
+    from tasks.demos.compact import render_compact
+
+    picks = {}
+    for t in builtin.load_split("cpu_family_train"):
+        kind = translate(t.reference).core_kind
+        if kind not in picks:
+            picks[kind] = t
+    assert set(picks) == {"pointwise", "row", "scan", "gemm"}
+    cfg = SandboxConfig(backend="cpu", profile=False, use_compile=False, num_trials=2)
+    with Evaluator(cfg) as ev:
+        for kind, t in picks.items():
+            files = render_compact(translate(t.reference), "cpu")
+            assert '#include "cuda_agent.h"' in files["kernels/kernel.cpp"]
+            assert sum(len(s) for s in files.values()) < 3000, (kind, t.id)
+            res = ev.evaluate(t, files, "cpu")
+            assert res.status == "ok", (kind, t.id, res.status, res.message[:300])
+    with pytest.raises(ValueError, match="format"):
+        render_compact(translate(picks["row"].reference), "extension")
+
+
 @pytest.mark.slow
 def test_every_cpu_demo_passes_the_sandbox(demos, tasks_by_id):
     """Correct on fresh inputs under the sandbox's checks (2 trials each; timing is benchmarked, not tested)."""

@@ -1,0 +1,56 @@
+"""The warm start's data: demonstrations rendered exactly as the agent loop prompts, loss on the reply only, and
+the local preset's demonstrations short enough to train on whole."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from actors.skill import system_prompt, task_prompt
+from cuda_agent.config import load_config
+from cuda_agent.corpus import demo_messages, demos_for, tokenizer_corpus, train_and_eval_tasks, train_tokenizer
+from cuda_agent.train_config import TrainConfig
+from learner.chat import ChatFormat, ChatTokens, Message
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(scope="module")
+def local():
+    cfg = load_config(TrainConfig, CONFIGS / "local.yaml")
+    train, ev = train_and_eval_tasks(cfg.tasks.train, cfg.tasks.eval, "cpu")
+    tok = train_tokenizer(tokenizer_corpus(train, "cpu", skill=cfg.actor.agent.skill,
+                                           variants=tuple(cfg.stages.warm_start.variants)),
+                          cfg.tokenizer.vocab_size, cfg.tokenizer.min_frequency, cfg.tokenizer.split,
+                          cfg.tokenizer.max_token_length)
+    return cfg, train, ev, ChatFormat(tok)
+
+
+@pytest.mark.parametrize("mode", ["single_turn", "multi_turn"])
+def test_demo_prompt_is_the_episode_prompt_and_only_the_reply_is_trained(local, mode):
+    cfg, train, _, chat = local
+    skill = cfg.actor.agent.skill
+    max_turns = cfg.stages.multi_turn_ppo.max_turns if mode == "multi_turn" else 0
+    task, demo = demos_for(train, "cpu", tuple(cfg.stages.warm_start.variants))[0]
+    r = chat.render(demo_messages(task, demo.files, "cpu", mode, max_turns, demo.notes, skill))
+    # what actors.episode.EpisodeRunner feeds the sampler for the same task
+    prompt = ChatTokens(chat, [Message("system", system_prompt("cpu", mode, max_turns, skill)),
+                               Message("user", task_prompt(task, "cpu", mode))]).context()
+    assert r.ids[:len(prompt)].tolist() == prompt
+    assert not r.loss_mask[:len(prompt)].any()
+    assert r.loss_mask[len(prompt):].all()  # the reply and its closing <|im_end|>
+    assert r.ids[-1] == chat.tokenizer.im_end_id
+    reply = chat.tokenizer.decode(r.ids[len(prompt):-1].tolist())
+    assert reply == demo_messages(task, demo.files, "cpu", mode, max_turns, demo.notes, skill)[-1].content
+
+
+def test_local_preset_demos_fit_whole_and_eval_tasks_have_none(local):
+    cfg, train, ev, chat = local
+    pairs = demos_for(train, "cpu", tuple(cfg.stages.warm_start.variants))
+    demo_tasks = {t.id for t, _ in pairs}
+    assert len(demo_tasks) >= 0.9 * len(train)  # the family split: (nearly) every training task has one
+    assert not demo_tasks & {t.id for t in ev}
+    lens = [len(chat.render(demo_messages(t, d.files, "cpu", "single_turn", 0, d.notes,
+                                          cfg.actor.agent.skill)).ids) for t, d in pairs]
+    assert max(lens) <= cfg.stages.warm_start.max_seq_len  # no demonstration is dropped as too long
+    assert np.median(lens) < 0.5 * cfg.stages.warm_start.max_seq_len
