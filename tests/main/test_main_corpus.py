@@ -38,9 +38,10 @@ def test_demo_prompt_is_the_episode_prompt_and_only_the_reply_is_trained(local, 
                                Message("user", task_prompt(task, "cpu", mode))]).context()
     assert r.ids[:len(prompt)].tolist() == prompt
     assert not r.loss_mask[:len(prompt)].any()
-    assert r.loss_mask[len(prompt):].all()  # the reply and its closing <|im_end|>
-    assert r.ids[-1] == chat.tokenizer.im_end_id
-    reply = chat.tokenizer.decode(r.ids[len(prompt):-1].tolist())
+    # the reply and its closing <|im_end|> are trained; the newline after it frames the next turn (mask 0)
+    assert r.loss_mask[len(prompt):-1].all() and r.loss_mask[-1] == 0
+    assert r.ids[-2] == chat.tokenizer.im_end_id
+    reply = chat.tokenizer.decode(r.ids[len(prompt):-2].tolist())
     assert reply == demo_messages(task, demo.files, "cpu", mode, max_turns, demo.notes, skill)[-1].content
 
 
