@@ -304,14 +304,25 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": _machine(), "jax_backend": jax.default_backend(), "format": fmt,
                                "model": args.model, "model_params": mcfg.num_params(), "args": vars(args) | {"out": str(args.out)},
                                "setup_model_s": setup_model_s}
+    partial = args.out / "actor_bench.json"
+
+    def note(msg: str) -> None:  # progress on stdout, and what is known so far on disk (a killed run keeps it)
+        print(f"[{time.monotonic() - t_start:7.1f} s] {msg}", flush=True)
+        partial.write_text(json.dumps(results | {"partial": True}, indent=2, default=str))
+
+    note(f"model set up in {setup_model_s:.1f} s ({mcfg.num_params() / 1e6:.1f}M params); waiting for the node")
     with SandboxClient(endpoints, client_id="bench-actor") as client:
         if node is not None and not node.wait_ready(600):
             raise SystemExit("sandbox node workers did not come up")
+        note(f"node ready; warm-up: {args.warmup_episodes or len(tasks)} episodes, budget {args.warmup_budget_s:.0f} s")
         t0 = time.monotonic()
         results["warmup"] = run_phase(args, cfg, chat, client, policy, fmt, tasks,
                                       args.warmup_episodes or len(tasks), args.warmup_budget_s)
         results["warmup"]["elapsed_s"] = time.monotonic() - t0
+        note(f"warm-up done: {results['warmup']['episodes']} episodes in {results['warmup']['elapsed_s']:.0f} s; "
+             f"measured phase, budget {args.budget_s:.0f} s")
         results["measured"] = run_phase(args, cfg, chat, client, policy, fmt, tasks, args.episodes, args.budget_s)
+        note(f"measured phase done: {results['measured']['episodes']} episodes in {results['measured']['wall_s']:.0f} s")
     if node is not None:
         node.drain(30)
         node.close()

@@ -72,6 +72,10 @@ def demo_speeds(n_tasks: int, console: Console) -> None:
     console.print(t)
 
 
+class _BudgetSpent(Exception):
+    """--budget-s ran out (raised from the progress callback, which ends the synthesis)."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--demos", type=int, default=0, help="profile the cpu demos of this many tasks instead")
@@ -81,6 +85,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=77)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--project-workers", type=int, default=16, help="workers of the projected host")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="stop the synthesis after this many seconds and report what finished (0: no limit)")
     args = ap.parse_args()
     console = Console()
     if args.demos:
@@ -92,7 +98,20 @@ def main() -> None:
                               filter=FilterConfig(device=args.device, workers=args.workers, autosize=True,
                                                   check_compile=not args.no_compile))
         t0 = time.monotonic()
-        rep = Synthesizer(cfg).run()
+        last: list = []
+
+        def progress(r) -> None:  # one line per filtered candidate; the budget ends the run from here
+            last[:] = [r]
+            console.print(f"[{time.monotonic() - t0:6.1f} s] candidates {r.candidates}, accepted {r.accepted}",
+                          highlight=False)
+            if args.budget_s and time.monotonic() - t0 > args.budget_s:
+                raise _BudgetSpent
+
+        try:
+            rep = Synthesizer(cfg).run(on_progress=progress)
+        except _BudgetSpent:
+            rep = last[0]
+            console.print(f"budget of {args.budget_s:.0f} s spent: figures over the candidates that finished")
         wall = time.monotonic() - t0
         rows = [json.loads(line) for line in state_path(out).read_text().splitlines()]
     check_s = [r["check_s"] for r in rows if r["reason"] != "compose_error"]

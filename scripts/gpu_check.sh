@@ -29,7 +29,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 git log -1 --format='commit %H %cd' >> "$out/gpu.txt" 2>/dev/null || true
 rc=0
 if [ "${GPU_TESTS:-1}" != "0" ]; then
-  timeout $(( $(left) - 30 )) python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -o junit_family=xunit1 \
+  # SIGINT at the limit (then KILL 20 s later): pytest stops and still prints its summary and failures
+  timeout -s INT -k 20 $(( $(left) - 40 )) python3 -m pytest -q -rfE --durations=15 -m gpu -p no:cacheprovider \
+    --timeout 300 -o junit_family=xunit1 \
     --junitxml="$out/gpu_tests.xml" "$@" > "$out/gpu_tests.log" 2>&1
   rc=$?
   tail -30 "$out/gpu_tests.log"
@@ -40,7 +42,8 @@ run_bench() {
   if [ "$(left)" -gt "$est" ]; then
     echo "== bench $name (est ${est}s, $(left)s left) =="
     local b0; b0=$(date +%s)
-    timeout $(( $(left) - 5 )) "$@" > "$out/bench_$name.log" 2>&1
+    # SIGINT at the limit: a Python bench prints the traceback of where it was (then KILL 10 s later)
+    timeout -s INT -k 10 $(( $(left) - 15 )) "$@" > "$out/bench_$name.log" 2>&1
     echo "bench $name rc=$? wall=$(( $(date +%s) - b0 ))s" >> "$out/benches.txt"
     tail -25 "$out/bench_$name.log"
   else
@@ -59,7 +62,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
     actor)   run_bench actor 270 python3 benchmarks/actor_bench.py --out "$out/actor" --warmup-budget-s 70 \
                --budget-s 120 ;;
     fleet)   run_bench fleet 300 python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" --budget-s 280 ;;
-    tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers 1 --n 12 --no-compile ;;
+    tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers 4 --n 12 --no-compile \
+               --budget-s 120 ;;
     gpusplit) for s in eval train; do
                run_bench "gpusplit_$s" 150 python3 -m cuda_agent.cli tasks filter "tasks/builtin/gpu_$s.jsonl" \
                  --device cuda --workers 1 --no-compile --no-dedup --out "$out/gpu_${s}_measured.jsonl" \

@@ -30,11 +30,13 @@ def test_side_stream_work_is_counted(gpu_hack_evaluator):
 
     honest = gpu_hack_evaluator.evaluate(task(), load_solution(CORPUS / "elementwise_chain" / "cubin" / "fast"), "cubin")
     res = _eval(gpu_hack_evaluator, "gpu_side_stream")
-    assert honest.ok and honest.timing is not None
+    print(f"honest: {honest.status} reward={honest.reward} {honest.message[:200]}")
+    assert honest.ok and honest.timing is not None, f"honest solution: {honest.status}: {honest.message[:400]}"
     if res.ok:
-        assert res.timing.speedup_eager.point <= honest.timing.speedup_eager.hi * 1.05, (res.timing, honest.timing)
+        assert res.timing.speedup_eager.point <= honest.timing.speedup_eager.hi * 1.05, (
+            f"side stream {res.timing.speedup_eager} vs honest {honest.timing.speedup_eager}")
     else:
-        assert res.reward == -1
+        assert res.reward == -1, f"side stream: {res.status} reward {res.reward}: {res.message[:400]}"
 
 
 def test_l2_persisting_window_through_ctypes_is_forbidden(gpu_hack_evaluator):
