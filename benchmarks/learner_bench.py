@@ -8,7 +8,8 @@ Sections
            updates until the mean reward is half-way to the maximum, final reward. CPU is enough.
   update   one PPO update (learner.train_step.ppo_update) on a 0.5B-class model (Qwen2.5-0.5B shape, fp32
            parameters, bf16 compute, remat, cuDNN attention on a GPU) at sequence 8192: 16 rows, minibatch 8,
-           microbatch 1 (8 accumulated), 1 epoch; the critic is the same backbone with a value head. Combined
+           microbatch 1 (8 accumulated; `--variants mb2:remat,mb1:noremat,...` measures other microbatch /
+           remat settings one after another in the same run), 1 epoch; the critic is the same backbone with a value head. Combined
            tokens/s, model TFLOP/s, MFU, peak device memory. Model FLOPs per token of one update: proximal
            logprobs forward (2P + 2A) + critic values forward (2Pc + 2A) + policy train (6P + 6A) + critic
            train (6Pc + 6A), where P (Pc) are the matmul parameters of the policy (critic; no vocabulary
@@ -81,14 +82,14 @@ def bench_learns(smoke: bool) -> dict:
 # ------------------------------------------------------------------------------------------------ update
 
 
-def _models(shape: dict, gpu: bool, seed: int = 0):
+def _models(shape: dict, gpu: bool, seed: int = 0, remat: bool = True):
     import jax
     from flax import nnx
 
     from learner.model import Critic, ModelConfig, Transformer
 
     cfg = ModelConfig(**shape, param_dtype="float32", dtype="bfloat16" if gpu else "float32",
-                      attention_impl="cudnn" if gpu else "xla", remat=True, max_position_embeddings=32768)
+                      attention_impl="cudnn" if gpu else "xla", remat=remat, max_position_embeddings=32768)
     # parameters made on the device by a jitted init (no host round trip)
     abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(seed)))
     graphdef, _ = nnx.split(abstract)
@@ -125,7 +126,38 @@ def _rollout(n_rows: int, seq: int, vocab: int, seed: int = 0):
     return RolloutBatch(seq_b, jnp.asarray(behav), jnp.asarray(rewards))
 
 
-def bench_update(smoke: bool, reps: int) -> dict:
+def parse_variants(text: str) -> list[tuple[int, bool]]:
+    """'mb1:remat,mb2:noremat' -> [(1, True), (2, False)]: microbatch rows and rematerialisation per variant.
+
+    Raises:
+      ValueError: a variant that is not mbN:remat or mbN:noremat (N >= 1).
+    """
+    out = []
+    for v in (x.strip() for x in text.split(",") if x.strip()):
+        mb, _, rm = v.partition(":")
+        if not (mb.startswith("mb") and mb[2:].isdigit() and int(mb[2:]) >= 1 and rm in ("remat", "noremat")):
+            raise ValueError(f"--variants: {v!r} is not mbN:remat or mbN:noremat (N >= 1)")
+        out.append((int(mb[2:]), rm == "remat"))
+    if not out:
+        raise ValueError("--variants: no variant given")
+    return out
+
+
+def bench_update_variants(smoke: bool, reps: int, variants: list[tuple[int, bool]]) -> list[dict]:
+    """bench_update per (microbatch, remat) variant, in one run; a variant that fails (e.g. device memory
+    exhausted) is recorded with its error and the next one runs."""
+    out = []
+    for micro, remat in variants:
+        try:
+            out.append(bench_update(smoke, reps, micro, remat))
+        except Exception as e:  # noqa: BLE001 - XLA raises its own error types (RESOURCE_EXHAUSTED)
+            r = {"microbatch": micro, "remat": remat, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"update: {json.dumps(r)}", flush=True)
+            out.append(r)
+    return out
+
+
+def bench_update(smoke: bool, reps: int, micro: int = 1, remat: bool = True) -> dict:
     import jax
 
     from learner import sharding
@@ -135,11 +167,11 @@ def bench_update(smoke: bool, reps: int) -> dict:
     gpu = jax.devices()[0].platform == "gpu"
     shape = SHAPE_SMOKE if smoke else SHAPE_05B
     seq = 256 if smoke else 8192
-    rows, mb, micro = (4, 2, 1) if smoke else (16, 8, 1)
+    rows, mb = (4, 2) if smoke else (16, 8)
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
     ppo = PPOConfig(minibatch_size=mb, microbatch_size=micro, epochs=1, logits_chunk_size=64 if smoke else 1024)
     opt = OptimizerConfig(lr=1e-6, warmup_steps=0)
-    _, policy_model, critic_model = _models(shape, gpu)
+    _, policy_model, critic_model = _models(shape, gpu, remat=remat)
     policy = create_train_state(policy_model, opt, ppo, mesh)
     critic = create_train_state(critic_model, opt, ppo, mesh)
     del policy_model, critic_model
@@ -159,7 +191,7 @@ def bench_update(smoke: bool, reps: int) -> dict:
     stats = jax.devices()[0].memory_stats() or {}
     res = {
         "device": str(jax.devices()[0].device_kind), "platform": jax.devices()[0].platform, "rows": rows, "seq": seq,
-        "minibatch": mb, "microbatch": micro, "update_s": dt, "update_s_all": times, "first_call_s": first,
+        "minibatch": mb, "microbatch": micro, "remat": remat, "update_s": dt, "update_s_all": times, "first_call_s": first,
         "tokens_per_s": tokens / dt, "tflops": flops / dt / 1e12,
         "mfu_datasheet": flops / dt / 1e12 / DATASHEET_TFLOPS, "mfu_measured_ceiling": flops / dt / 1e12 / MEASURED_TFLOPS,
         "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
@@ -359,13 +391,18 @@ def table(res: dict) -> str:
             lines.append(f"| {r['seed']} | {r['initial']:.3f} | {r['final']:.3f} | {r['updates_to_half']} | {r['wall_s']:.1f} |")
         lines.append("")
     if "update" in res:
-        u = res["update"]
-        peak = u["peak_bytes_in_use"]
-        lines += ["| update | tokens/s | TFLOP/s | MFU vs 989 | MFU vs 790 | update s | first call s | peak GiB |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {u['rows']} x {u['seq']} ({u['device']}) | {u['tokens_per_s']:,.0f} | {u['tflops']:.2f} | "
-                  f"{100 * u['mfu_datasheet']:.1f}% | {100 * u['mfu_measured_ceiling']:.1f}% | {u['update_s']:.3f} | "
-                  f"{u['first_call_s']:.1f} | {peak / 2**30 if peak else float('nan'):.2f} |", ""]
+        lines += ["| update | microbatch | remat | tokens/s | TFLOP/s | MFU vs 989 | MFU vs 790 | update s | first call s "
+                  "| peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for u in res["update"]:
+            if "error" in u:
+                lines.append(f"| - | {u['microbatch']} | {u['remat']} | {u['error'][:80]} | | | | | | |")
+                continue
+            peak = u["peak_bytes_in_use"]
+            lines.append(f"| {u['rows']} x {u['seq']} ({u['device']}) | {u['microbatch']} | {u['remat']} | "
+                         f"{u['tokens_per_s']:,.0f} | {u['tflops']:.2f} | {100 * u['mfu_datasheet']:.1f}% | "
+                         f"{100 * u['mfu_measured_ceiling']:.1f}% | {u['update_s']:.3f} | {u['first_call_s']:.1f} | "
+                         f"{peak / 2**30 if peak else float('nan'):.2f} |")
+        lines.append("")
     if "publish" in res:
         p = res["publish"]
         lines += [f"publish: {p['bytes'] / 2**20:.1f} MiB ({p['dtype']}) to {p['actors']} actor processes",
@@ -383,6 +420,9 @@ def main() -> None:
     ap.add_argument("--sections", default="learns,update,publish")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes: the same code paths on CPU")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--variants", default="mb1:remat",
+                    help="update section: comma-separated mbN:remat / mbN:noremat (microbatch rows, "
+                         "rematerialisation), measured one after another in this run")
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--publish-dtype", default="bfloat16")
     ap.add_argument("--from", dest="src", default=None, help="xaccel_restore: the OUT folder of an xaccel_save run")
@@ -399,7 +439,7 @@ def main() -> None:
     if "learns" in sections:
         res["learns"] = bench_learns(args.smoke)
     if "update" in sections:
-        res["update"] = bench_update(args.smoke, args.reps)
+        res["update"] = bench_update_variants(args.smoke, args.reps, parse_variants(args.variants))
     if "publish" in sections:
         res["publish"] = bench_publish(args.smoke, args.versions, args.publish_dtype or None)
     if "xaccel_save" in sections:
