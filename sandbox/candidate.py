@@ -130,8 +130,9 @@ class Worker:
         from sandbox import runtime, wire
         from sandbox import guard as guard_mod
         from sandbox import integrity
-        from sandbox.integrity import (HarnessSnapshot, HookState, Monitor, StateSnapshot, install_hook_guards,
-                                       install_import_hook, install_thread_guard, install_torch_wrappers)
+        from sandbox.integrity import (HarnessSnapshot, HookState, Monitor, StateSnapshot, install_ctypes_guards,
+                                       install_hook_guards, install_import_hook, install_thread_guard,
+                                       install_torch_wrappers)
         from sandbox.static_check import allowed_imports
         from sandbox.timing import Timer, l2_flush_buffer
 
@@ -157,6 +158,7 @@ class Worker:
         if monitor:
             install_thread_guard(self.monitor)
             install_torch_wrappers(self.monitor)
+            install_ctypes_guards(self.monitor)
             install_hook_guards(self.monitor)
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)

@@ -9,8 +9,9 @@ hack needs, at a level the solution cannot switch off:
   stack (a frame whose file lies in the workspace) it records, and refuses by raising, the events a hack needs:
   frame and garbage-collector introspection (`sys._getframe`, `tb_frame`/`gi_frame`, `gc.get_objects`), `exec` /
   `compile` from candidate frames, code-object swaps (`__code__` assignment), libraries and symbols loaded through
-  ctypes other than the build's own artefacts and the launcher's driver calls, raw memory reads through ctypes,
-  `/proc/*/mem` and the reference file, processes, sockets, `mmap`, new audit hooks and thread starts.
+  ctypes other than the build's own artefacts and the launcher's driver calls, raw memory access through ctypes
+  (string_at, from_address, memmove, memset, cast), `/proc/*/mem` and the reference file, processes, sockets,
+  `mmap`, new audit hooks and thread starts.
 - The import hook (`install_import_hook`): an import statement in candidate code is recognised from the bytecode
   of the importing frame (`IMPORT_NAME`), not from the arguments; any other route to `__import__` with a candidate
   frame as the caller (an explicit `__import__` call, or C code running on the candidate's behalf) may only reach
@@ -58,6 +59,11 @@ _INTROSPECTION_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents
                          "sys._current_exceptions", "sys.settrace", "sys.setprofile", "sys.addaudithook",
                          "cpython._PySys_ClearAuditHooks", "sys.monitoring.register_callback"}
 _CTYPES_MEMORY = {"ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.dlsym/handle"}
+# ctypes' foreign helpers that reach any address (their calls raise no audit event on Linux): wrapped, and their
+# addresses (from which a solution could make its own) removed from ctypes and _ctypes; `from_address` and
+# `from_buffer` raise "ctypes.cdata" (ruled)
+_CTYPES_PRIMITIVES = (("memmove", "memory_write"), ("memset", "memory_write"), ("cast", "memory_read"))
+_CTYPES_ADDRS = ("_memmove_addr", "_memset_addr", "_cast_addr", "_string_at_addr", "_wstring_at_addr")
 # file-system changes: solutions write no files (the extension format's load_inline build, at import, excepted)
 _FS_EVENTS = {"os.rename", "os.symlink", "os.link", "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
               "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.lchmod", "os.mkfifo", "os.mknod",
@@ -72,10 +78,11 @@ _FRAME_HELPERS = {"/inspect.py": {"currentframe", "stack"}, "/traceback.py": {"w
 _CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 GUARD_EVENT = "cuda_agent.guarded"  # sys.audit(GUARD_EVENT, kind, detail, direct): a guarded function was called
 FETCH_EVENT = "cuda_agent.monitor"  # sys.audit(FETCH_EVENT, box): harness code asks for the installed monitor
+CALL_EVENT = "cuda_agent.call"  # sys.audit(CALL_EVENT, args, kwargs, box): a wrapper asks for its original's call
 # every event a rule of Monitor._judge looks at (the hook returns at once for the others)
 _RULED = frozenset({GUARD_EVENT, FETCH_EVENT, "sys._getframe", "sys._getframemodulename", "object.__getattr__",
                     "object.__setattr__", "object.__delattr__", "exec", "compile", "code.__new__", "function.__new__",
-                    "ctypes.dlopen", "ctypes.dlsym", "open", "mmap.__new__"}
+                    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "open", "mmap.__new__"}
                    | _INTROSPECTION_EVENTS | _CTYPES_MEMORY | _FS_EVENTS | _PROCESS_EVENTS | _NET_EVENTS)
 DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleGetFunction", "cuDevicePrimaryCtxRetain",
                   "cuCtxGetCurrent", "cuCtxSetCurrent", "cuFuncSetAttribute", "cuInit"}
@@ -95,6 +102,9 @@ class Monitor:
         self.allowed_libs = {os.path.realpath(p) if "/" in p else p for p in allowed_libs} | DRIVER_LIBS
         self.allowed_symbols = set(allowed_symbols) | DRIVER_SYMBOLS
         self.violations: list[tuple[str, str]] = []
+        # wrapper code object -> (original, kind, detail, direct): the originals of the guarded functions live here
+        # only (a wrapper holds none: see _wrap), so no closure or attribute of a wrapper leads to them
+        self._originals: dict[int, tuple[Any, Any, str | None, str, bool]] = {}
         self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
         self._busy = False
         self._getframe = sys._getframe
@@ -132,7 +142,8 @@ class Monitor:
     def config(self) -> tuple:
         """What the monitor judges by (compared with a trusted copy at every boundary)."""
         return (self.ws, self.fmt, frozenset(self.allowed_libs), frozenset(self.allowed_symbols),
-                frozenset(self.allowed_files), self.read_roots, self._reference, self._getframe)
+                frozenset(self.allowed_files), self.read_roots, self._reference, self._getframe,
+                frozenset((k, id(o[1])) for k, o in self._originals.items()))
 
     # -------------------------------------------------------------------- attribution
     def _is_candidate(self, code: Any) -> bool:
@@ -156,6 +167,9 @@ class Monitor:
 
     # -------------------------------------------------------------------- the hook
     def _hook(self, event: str, args: tuple) -> None:
+        if event == CALL_EVENT:
+            self._call_original(args)
+            return
         # the cheap filter first: most events (attribute reads such as __code__, id(), imports) have no rule here
         if event not in _RULED or self._busy:
             return
@@ -179,6 +193,42 @@ class Monitor:
             self.record(*verdict)
             raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
 
+    def register(self, wrapper: Any, orig: Any, kind: str | None, detail: str, direct: bool) -> None:
+        """Keep `orig` for the wrapper function (its own code object: see _wrap); kind None: no verdict here."""
+        code = wrapper.__code__  # keyed by identity (code objects compare by value), kept alive in the entry
+        self._originals[id(code)] = (code, orig, kind, detail, direct)
+
+    def _call_original(self, args: tuple) -> None:
+        """CALL_EVENT (args, kwargs, box) from a wrapper: judge the call as GUARD_EVENT does, then call the original
+        (outside the busy state: what it runs is judged as usual) and put its result in box. The original is chosen
+        by the code object of the frame that raised the event, so a solution that raises the event itself, or
+        swaps a wrapper's closure cells, reaches nothing."""
+        busy, self._busy = self._busy, True  # (already busy: a wrapper called from another thread mid-judgement)
+        try:
+            f = self._getframe(2)  # seen from here: 0 _call_original, 1 _hook, 2 the frame raising the event
+            entry = self._originals.get(id(f.f_code)) if f is not None else None
+            if entry is None or entry[0] is not f.f_code:
+                entry, verdict = None, ("harness_tampering", "the sandbox's call event was raised outside its wrappers")
+            elif entry[2] is None:
+                verdict = None
+            else:
+                verdict = self._guard_verdict(entry[2], entry[3], entry[4])
+        finally:
+            self._busy = busy
+        if verdict is not None:
+            self.record(*verdict)
+            raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
+        a, k, box = args
+        box.append(entry[1](*a, **k))
+
+    def _guard_verdict(self, kind: str, detail: str, direct: bool) -> tuple[str, str] | None:
+        # seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its caller
+        if kind == "thread" and self.fmt == "extension" and self.phase == "load":
+            return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
+        if self._caller_is_candidate(5) if direct else self._candidate_on_stack(5):
+            return (str(kind), str(detail))
+        return None
+
     def _fetch(self, args: tuple) -> tuple[str, str] | None:
         # seen from here: 0 _fetch... helpers: 0 helper, 1 _fetch, 2 _hook, 3 the frame calling sys.audit
         if self._candidate_on_stack(3):
@@ -191,11 +241,7 @@ class Monitor:
         # seen from the helpers: 0 helper, 1 _judge, 2 _hook, 3 the Python frame that called the C function raising the event
         if event == GUARD_EVENT:  # (kind, detail, direct): a guarded function's wrapper (frame 3) was called
             kind, detail, direct = (tuple(args) + ("", "", False))[:3]
-            if kind == "thread" and self.fmt == "extension" and self.phase == "load":
-                return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
-            if self._caller_is_candidate(4) if direct else self._candidate_on_stack(4):
-                return (str(kind), str(detail))
-            return None
+            return self._guard_verdict(kind, detail, direct)
         if event in ("sys._getframe", "sys._getframemodulename"):
             if self._caller_is_candidate(3):
                 return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
@@ -244,6 +290,11 @@ class Monitor:
             name = args[1] if len(args) > 1 else None
             if isinstance(name, str) and name not in self.allowed_symbols and self._candidate_on_stack(3):
                 return ("ctypes", f"the solution looked up the symbol {name!r} through ctypes")
+            return None
+        if event == "ctypes.cdata":
+            if self._candidate_on_stack(3):
+                return ("memory_read", "a ctypes object made from a raw address (from_address) by the solution "
+                                       "(raw access to process memory)")
             return None
         if event in _CTYPES_MEMORY:
             if self._candidate_on_stack(3):
@@ -301,36 +352,57 @@ class Monitor:
 # ------------------------------------------------------------------------------------------------ imports
 def install_import_hook(allowed: set[str], monitor: Monitor) -> None:
     """Replace builtins.__import__ once (see module doc). Violations are kind "import": raised as GUARD_EVENT for the
-    installed monitor (the replacement holds no reference to it), recorded on `monitor` directly when it is not
-    installed (runtime_monitor off)."""
+    installed monitor (the replacement holds no reference to it, nor, then, to the original __import__, which the
+    monitor keeps and calls: see _wrap), recorded on `monitor` directly when it is not installed (runtime_monitor
+    off)."""
     if getattr(builtins.__import__, "_cuda_agent_guard", False):
         return
-    orig = builtins.__import__
     getframe = sys._getframe
     audit = sys.audit
     is_candidate = _candidate_test(monitor.ws)
-    record = None if Monitor.installed() is monitor else monitor.record
+    installed = Monitor.installed() is monitor
+    record = None if installed else monitor.record
 
-    def guarded(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
-        f = getframe(1)
-        if f is not None and is_candidate(f.f_code):
-            statement = f.f_code.co_code[f.f_lasti] == _IMPORT_NAME if f.f_lasti >= 0 else False
-            if statement:
-                bad = level != 0 or name not in allowed
-                if not bad and name == "sandbox":
-                    bad = any(x != "runtime" for x in (fromlist or ()))
-            else:
-                root = name.split(".")[0]
-                bad = level != 0 or not (name in allowed or root == "torch")
-            if bad:
-                how = "imports" if statement else "reaches __import__ for"
-                msg = f"model_new.py {how} {'.' * level}{name} (not on the allow-list)"
-                if record is not None:
-                    record("import", msg)
-                else:
-                    audit(GUARD_EVENT, "import", msg, False)
+    def refused(name: str, fromlist: Any, level: int) -> str | None:
+        f = getframe(2)
+        if f is None or not is_candidate(f.f_code):
+            return None
+        statement = f.f_code.co_code[f.f_lasti] == _IMPORT_NAME if f.f_lasti >= 0 else False
+        if statement:
+            bad = level != 0 or name not in allowed
+            if not bad and name == "sandbox":
+                bad = any(x != "runtime" for x in (fromlist or ()))
+        else:
+            root = name.split(".")[0]
+            bad = level != 0 or not (name in allowed or root == "torch")
+        if not bad:
+            return None
+        how = "imports" if statement else "reaches __import__ for"
+        msg = f"model_new.py {how} {'.' * level}{name} (not on the allow-list)"
+        if record is not None:
+            record("import", msg)
+        else:
+            audit(GUARD_EVENT, "import", msg, False)
+        return msg
+
+    if installed:
+        def guarded(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+            msg = refused(name, fromlist, level)
+            if msg is not None:
                 raise ImportError(msg)
-        return orig(name, globals, locals, fromlist, level)
+            box: list = []
+            audit(CALL_EVENT, (name, globals, locals, fromlist, level), {}, box)
+            return box[0]
+
+        monitor.register(guarded, builtins.__import__, None, "", False)
+    else:
+        orig = builtins.__import__
+
+        def guarded(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+            msg = refused(name, fromlist, level)
+            if msg is not None:
+                raise ImportError(msg)
+            return orig(name, globals, locals, fromlist, level)
 
     guarded._cuda_agent_guard = True  # type: ignore[attr-defined]
     builtins.__import__ = guarded
@@ -356,7 +428,7 @@ def install_thread_guard(monitor: Monitor) -> None:
     orig = _thread.start_new_thread
     if getattr(orig, "_cuda_agent_guard", False):
         return
-    start_new_thread = _wrap(orig, "thread", "the solution started a thread (work must finish inside forward, on "
+    start_new_thread = _wrap(monitor, orig, "thread", "the solution started a thread (work must finish inside forward, on "
                                              "the device's streams)", direct=False)
     _thread.start_new_thread = start_new_thread
     _thread.start_new = start_new_thread
@@ -517,19 +589,24 @@ _BRIDGES_TENSOR = ("numpy", "__array__", "tolist", "__dlpack__")
 _BRIDGES_TORCH = ("from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack")
 
 
-def _wrap(orig: Any, kind: str, what: str, direct: bool = True) -> Any:
-    """orig behind GUARD_EVENT: the installed monitor refuses the call (kind, what) when the caller is the solution
-    (direct) or any frame of the solution is on the stack (not direct). The wrapper refers to orig, never to the
-    monitor."""
+def _wrap(monitor: Monitor, orig: Any, kind: str | None, what: str, direct: bool = True) -> Any:
+    """orig behind the installed monitor: the wrapper raises CALL_EVENT and the monitor refuses the call (kind,
+    what) when the caller is the solution (direct) or any frame of the solution is on the stack (not direct), else
+    makes it. The wrapper holds neither orig nor the monitor (its closure: sys.audit; the monitor keeps orig under
+    the wrapper's own code object, a copy made per wrapper)."""
     audit = sys.audit
 
     def wrapper(*a: Any, **k: Any) -> Any:
-        audit(GUARD_EVENT, kind, what, direct)
-        return orig(*a, **k)
+        box: list = []
+        audit(CALL_EVENT, a, k, box)
+        return box[0]
 
+    name = getattr(orig, "__name__", "wrapper")
+    wrapper.__code__ = wrapper.__code__.replace(co_name=name)  # a code object of its own: the monitor's key
     wrapper._cuda_agent_guard = True  # type: ignore[attr-defined]
-    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
-    wrapper.__qualname__ = getattr(orig, "__qualname__", wrapper.__name__)
+    wrapper.__name__ = name
+    wrapper.__qualname__ = getattr(orig, "__qualname__", name)
+    monitor.register(wrapper, orig, kind, what, direct)
     return wrapper
 
 
@@ -543,22 +620,41 @@ def install_torch_wrappers(monitor: Monitor) -> None:
     for name in _BYPASS_C:
         orig = getattr(torch._C, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(torch._C, name, _wrap(orig, "guard_bypass", f"torch._C.{name} called by the solution"))
+            setattr(torch._C, name, _wrap(monitor, orig, "guard_bypass", f"torch._C.{name} called by the solution"))
     for name in _BYPASS_PY:
         orig = getattr(pd, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(pd, name, _wrap(orig, "guard_bypass", f"torch.utils._python_dispatch.{name} called by "
+            setattr(pd, name, _wrap(monitor, orig, "guard_bypass", f"torch.utils._python_dispatch.{name} called by "
                                                                    "the solution"))
     for name in _BRIDGES_TENSOR:
         orig = getattr(torch.Tensor, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(torch.Tensor, name, _wrap(orig, "numpy_bridge", f"Tensor.{name}() called by the solution "
+            setattr(torch.Tensor, name, _wrap(monitor, orig, "numpy_bridge", f"Tensor.{name}() called by the solution "
                                                                               "(compute outside its kernels)"))
     for name in _BRIDGES_TORCH:
         orig = getattr(torch, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(torch, name, _wrap(orig, "numpy_bridge", f"torch.{name}() called by the solution "
+            setattr(torch, name, _wrap(monitor, orig, "numpy_bridge", f"torch.{name}() called by the solution "
                                                                        "(compute outside its kernels)"))
+
+
+def install_ctypes_guards(monitor: Monitor) -> None:
+    """Refuse ctypes' raw-memory helpers (memmove, memset: kind `memory_write`; cast: `memory_read`) whenever the
+    solution is on the stack (their calls raise no audit event of their own on Linux), and remove the helpers'
+    addresses from ctypes and _ctypes, from which a foreign function of the same kind could be made without any
+    event. The launcher needs none of them (it passes `c_void_p(tensor.data_ptr())` to built kernels)."""
+    import _ctypes
+    import ctypes
+
+    for name, kind in _CTYPES_PRIMITIVES:
+        orig = getattr(ctypes, name, None)
+        if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+            setattr(ctypes, name, _wrap(monitor, orig, kind, f"ctypes.{name} called by the solution (raw access "
+                                                              "to process memory)", direct=False))
+    for mod in (ctypes, _ctypes):
+        for attr in _CTYPES_ADDRS:
+            if hasattr(mod, attr):
+                delattr(mod, attr)
 
 
 class HarnessSnapshot:
@@ -597,10 +693,10 @@ def install_hook_guards(monitor: Monitor) -> None:
         for name in _SIGNAL_SETTERS:
             orig = getattr(mod, name, None)
             if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-                setattr(mod, name, _wrap(orig, "hook", f"signal.{name} called by the solution (a signal handler runs "
+                setattr(mod, name, _wrap(monitor, orig, "hook", f"signal.{name} called by the solution (a signal handler runs "
                                                        "inside the harness)", direct=False))
     if not getattr(gc.set_threshold, "_cuda_agent_guard", False):
-        gc.set_threshold = _wrap(gc.set_threshold, "hook", "gc.set_threshold called by the solution", direct=False)
+        gc.set_threshold = _wrap(monitor, gc.set_threshold, "hook", "gc.set_threshold called by the solution", direct=False)
     audit = sys.audit
     for cls in (contextlib.suppress, contextlib.ExitStack):
         orig = cls.__exit__

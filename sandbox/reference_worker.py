@@ -516,8 +516,8 @@ def _headline(tb: str) -> str:
     return lines[-1] if lines else ""
 
 
-VIOLATION_KINDS = {"import", "introspection", "tampering", "dynamic_code", "ctypes", "memory_read", "hook", "fallback",
-                   "reference_access", "process", "network", "thread", "monkeypatch", "timer_tampering", "lazy_output",
+VIOLATION_KINDS = {"import", "introspection", "tampering", "dynamic_code", "ctypes", "memory_read", "memory_write",
+                   "hook", "fallback", "reference_access", "process", "network", "thread", "monkeypatch", "timer_tampering", "lazy_output",
                    "stale_output", "write_after_return", "file_write", "file_access", "guard_bypass", "numpy_bridge",
                    "harness_tampering", "global_state"}
 
