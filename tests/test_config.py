@@ -56,3 +56,18 @@ def test_missing_and_malformed_files_and_the_override_at_fault_are_named(tmp_pat
     with pytest.raises(ConfigError, match="bad override 'nope=1'") as e:
         load_config(_Cfg, good, ["name=x", "nope=1"])
     assert "good.yaml" not in str(e.value)  # the file is fine: the override is blamed, not the preset
+
+
+@pytest.mark.parametrize("name", ["local", "smoke", "h200", "multihost"])
+def test_every_train_preset_loads_and_validates(name):
+    """Each preset `cuda-agent train --preset NAME` offers loads into TrainConfig with its validation (a preset a
+    person can only try on the GPU host, h200, is checked here too); h200 is the GPU preset."""
+    from cuda_agent.train import OTHER_PRESETS, PRESETS_DIR, preset_path
+    from cuda_agent.train_config import TrainConfig
+
+    shipped = {p.stem for p in PRESETS_DIR.glob("*.yaml")} - set(OTHER_PRESETS)
+    assert shipped == {"local", "smoke", "h200", "multihost"}, f"presets changed: {sorted(shipped)}: update this test"
+    cfg = load_config(TrainConfig, preset_path(name), [f"preset={name}"])
+    assert cfg.preset == name
+    if name == "h200":
+        assert cfg.device == "cuda" and cfg.tasks.format == "cubin"
