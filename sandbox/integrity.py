@@ -62,7 +62,8 @@ _CTYPES_MEMORY = {"ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr
 # ctypes' foreign helpers that reach any address (their calls raise no audit event on Linux): wrapped, and their
 # addresses (from which a solution could make its own) removed from ctypes and _ctypes; `from_address` and
 # `from_buffer` raise "ctypes.cdata" (ruled)
-_CTYPES_PRIMITIVES = (("memmove", "memory_write"), ("memset", "memory_write"), ("cast", "memory_read"))
+_CTYPES_PRIMITIVES = (("memmove", "memory_write"), ("memset", "memory_write"), ("_cast", "memory_read"),
+                      ("_string_at", "memory_read"), ("_wstring_at", "memory_read"))  # cast / string_at call these
 _CTYPES_ADDRS = ("_memmove_addr", "_memset_addr", "_cast_addr", "_string_at_addr", "_wstring_at_addr")
 # file-system changes: solutions write no files (the extension format's load_inline build, at import, excepted)
 _FS_EVENTS = {"os.rename", "os.symlink", "os.link", "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
@@ -639,8 +640,9 @@ def install_torch_wrappers(monitor: Monitor) -> None:
 
 
 def install_ctypes_guards(monitor: Monitor) -> None:
-    """Refuse ctypes' raw-memory helpers (memmove, memset: kind `memory_write`; cast: `memory_read`) whenever the
-    solution is on the stack (their calls raise no audit event of their own on Linux), and remove the helpers'
+    """Refuse ctypes' raw-memory helpers (memmove, memset: kind `memory_write`; _cast, _string_at, _wstring_at,
+    which ctypes.cast / string_at call: `memory_read`) whenever the solution is on the stack (the foreign calls
+    raise no audit event of their own on Linux, and the underscored ones skip string_at's), and remove the helpers'
     addresses from ctypes and _ctypes, from which a foreign function of the same kind could be made without any
     event. The launcher needs none of them (it passes `c_void_p(tensor.data_ptr())` to built kernels)."""
     import _ctypes
@@ -649,8 +651,8 @@ def install_ctypes_guards(monitor: Monitor) -> None:
     for name, kind in _CTYPES_PRIMITIVES:
         orig = getattr(ctypes, name, None)
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-            setattr(ctypes, name, _wrap(monitor, orig, kind, f"ctypes.{name} called by the solution (raw access "
-                                                              "to process memory)", direct=False))
+            setattr(ctypes, name, _wrap(monitor, orig, kind, f"ctypes.{name.lstrip('_')} called by the solution "
+                                                              "(raw access to process memory)", direct=False))
     for mod in (ctypes, _ctypes):
         for attr in _CTYPES_ADDRS:
             if hasattr(mod, attr):

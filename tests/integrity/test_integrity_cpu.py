@@ -28,6 +28,7 @@ FORBIDDEN = {
     "ctypes_from_address": "memory_read",
     "ctypes_cast_pointer": "memory_read",
     "ctypes_memory_write": "memory_write",
+    "ctypes_private_helpers": "memory_read",
     "closure_original_numpy": "numpy_bridge",
     "forged_call_event": "harness_tampering",
     "global_flags": "global_state",
