@@ -90,6 +90,20 @@ DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleG
 DRIVER_LIBS = {"libcuda.so.1", "libcuda.so"}
 
 
+def _trusted_exec_callers() -> dict[int, Any]:
+    """{id(code): code} of the standard library's functions that exec / eval source they generate from validated
+    identifiers (collections.namedtuple; dataclasses' method builders): their exec is not the solution's."""
+    import collections
+    import dataclasses
+
+    fns = [collections.namedtuple, getattr(dataclasses, "_create_fn", None)]
+    builder = getattr(dataclasses, "_FuncBuilder", None)  # Python 3.13
+    if builder is not None:
+        fns.append(getattr(builder, "add_fns_to_class", None))
+    codes = [getattr(f, "__code__", None) for f in fns if f is not None]
+    return {id(c): c for c in codes if c is not None}
+
+
 class IntegrityError(ImportError):
     """Raised into candidate code when it uses a capability a reward hack needs (the record is kept)."""
 
@@ -106,6 +120,8 @@ class Monitor:
         # wrapper code object -> (original, kind, detail, direct): the originals of the guarded functions live here
         # only (a wrapper holds none: see _wrap), so no closure or attribute of a wrapper leads to them
         self._originals: dict[int, tuple[Any, Any, str | None, str, bool]] = {}
+        self._module_codes: dict[tuple, Any] = {}  # (path, size, mtime) -> the module code its source compiles to
+        self._exec_callers = _trusted_exec_callers()
         self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
         self._busy = False
         self._getframe = sys._getframe
@@ -230,6 +246,37 @@ class Monitor:
             return (str(kind), str(detail))
         return None
 
+    def _lenient_load(self) -> bool:
+        """The extension format's load: load_inline builds and imports its module (setuptools and the like do
+        what the stack rules refuse: exec of generated source, __defaults__ writes)."""
+        return self.fmt == "extension" and self.phase == "load"
+
+    def _trusted_exec_caller(self) -> bool:
+        """Whether the frame that called exec / eval is one of the standard library's code generators whose
+        generated source the solution cannot choose (namedtuple, dataclasses): by code object identity."""
+        f = self._getframe(3)  # seen from here: 0 this, 1 _judge, 2 _hook, 3 the frame that called exec / eval
+        return f is not None and id(f.f_code) in self._exec_callers and self._exec_callers[id(f.f_code)] is f.f_code
+
+    def _genuine_module_code(self, code: Any) -> bool:
+        """Whether `code` is the module code of a file outside the workspace, compiled from that file's source (what
+        an import executes). Verified files are remembered by (path, size, mtime)."""
+        if not isinstance(code, types.CodeType) or code.co_name != "<module>":
+            return False
+        path = code.co_filename
+        if not path or path.startswith(self.ws) or not path.endswith(".py"):
+            return False
+        try:
+            st = os.stat(path)
+            key = (path, st.st_size, st.st_mtime_ns)
+            ref = self._module_codes.get(key)
+            if ref is None:
+                with open(path, "rb") as f:
+                    ref = compile(f.read(), path, "exec", dont_inherit=True)
+                self._module_codes[key] = ref
+        except (OSError, SyntaxError, ValueError):
+            return False
+        return ref == code
+
     def _fetch(self, args: tuple) -> tuple[str, str] | None:
         # seen from here: 0 _fetch... helpers: 0 helper, 1 _fetch, 2 _hook, 3 the frame calling sys.audit
         if self._candidate_on_stack(3):
@@ -265,14 +312,27 @@ class Monitor:
             # (collections.namedtuple sets __new__.__defaults__, e.g. under setuptools during load_inline) is not it
             if name in _CODE_ATTRS and self._caller_is_candidate(3):
                 return ("tampering", f"the solution replaced {name} of {getattr(obj, '__qualname__', '?')}")
+            # a new __code__ can carry any co_filename (the attribution of every rule here): refused whoever does
+            # the write while the solution is on the stack (functools.update_wrapper would do it for it)
+            if name == "__code__" and not self._lenient_load() and self._candidate_on_stack(3):
+                return ("dynamic_code", f"__code__ of {getattr(obj, '__qualname__', '?')} replaced while the "
+                                        "solution is on the stack")
             return None
         if event in ("exec", "compile"):
             if self._caller_is_candidate(3):
                 return ("dynamic_code", f"{event}() called by the solution")
+            # exec through a library frame (functools.singledispatch(exec), ...) would run code whose co_filename the
+            # solution chose; with the solution on the stack only an import's module code passes (the code the
+            # file's own source compiles to)
+            if (event == "exec" and not self._lenient_load() and not self._trusted_exec_caller()
+                    and self._candidate_on_stack(3) and not self._genuine_module_code(args[0] if args else None)):
+                return ("dynamic_code", "exec of code that is not a module's own source, while the solution is on "
+                                        "the stack")
             return None
         if event == "code.__new__" or event == "function.__new__":
-            if self._caller_is_candidate(3):
-                return ("dynamic_code", f"{event} by the solution")
+            # a new code object (code.replace) or function can carry any co_filename: whoever makes it
+            if self._caller_is_candidate(3) or (not self._lenient_load() and self._candidate_on_stack(3)):
+                return ("dynamic_code", f"{event} while the solution is on the stack")
             return None
         if event in _INTROSPECTION_EVENTS:
             if self._candidate_on_stack(3):

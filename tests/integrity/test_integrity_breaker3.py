@@ -1,0 +1,44 @@
+"""Regression cases of breaker pass 3 (tests/integrity/breaker3/<name>/: model_new.py, kernels/, NOTES.md with what
+the breaker saw). Each case's model_new.py docstring names the defence that must catch it; the test asserts that
+defence's violation and reward -1, with the static checks on (as the breaker ran them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from integrity_lib import cpu_config, kinds, task
+
+HERE = Path(__file__).resolve().parent
+CASES = HERE / "breaker3"
+
+# name -> (corpus task, violation kind the result must carry)
+EXPECTED = {
+    "disguised_forward_torch_compute": ("row_softmax", "dynamic_code"),
+}
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("breaker3"), static_checks=True))
+    yield ev
+    ev.close()
+
+
+def test_every_case_folder_has_an_expectation():
+    assert {p.name for p in CASES.iterdir() if p.is_dir()} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_case_is_refused_with_its_violation(evaluator, name):
+    from sandbox.files import load_solution
+
+    task_name, kind = EXPECTED[name]
+    files = load_solution(CASES / name)
+    assert "Defence" in files["model_new.py"].split('"""')[1], f"{name}: docstring names the defence"
+    res = evaluator.evaluate(task(task_name), files, "cpu")
+    assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+    assert kind in kinds(res), f"{name}: {res.message} {res.violations}"
