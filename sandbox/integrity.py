@@ -85,6 +85,11 @@ _RULED = frozenset({GUARD_EVENT, FETCH_EVENT, "sys._getframe", "sys._getframemod
                     "object.__setattr__", "object.__delattr__", "exec", "compile", "code.__new__", "function.__new__",
                     "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "open", "mmap.__new__"}
                    | _INTROSPECTION_EVENTS | _CTYPES_MEMORY | _FS_EVENTS | _PROCESS_EVENTS | _NET_EVENTS)
+# events whose rule looks first at the one frame that raised them (Monitor._judge: the caller must be the solution, or
+# for sys._getframe a frame helper of the standard library, which then walks the stack): in the harness phase the
+# hook judges these directly instead of walking the whole stack first (same verdicts: see Monitor._hook)
+_CALLER_RULED = frozenset({"sys._getframe", "sys._getframemodulename", "object.__setattr__", "object.__delattr__",
+                           "exec", "compile", "code.__new__", "function.__new__"})
 DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleGetFunction", "cuDevicePrimaryCtxRetain",
                   "cuCtxGetCurrent", "cuCtxSetCurrent", "cuFuncSetAttribute", "cuInit"}
 DRIVER_LIBS = {"libcuda.so.1", "libcuda.so"}
@@ -168,10 +173,18 @@ class Monitor:
 
     # -------------------------------------------------------------------- the hook
     def _hook(self, event: str, args: tuple) -> None:
+        """The audit hook. CALL_EVENT first (a wrapper's call of its original), then cheap filters (set lookups):
+        most events (attribute reads such as __code__, id(), imports) have no rule here; then GUARD_EVENT /
+        FETCH_EVENT; then, in the harness phase, events whose rule needs a frame of the solution somewhere on the
+        stack are dropped when none is there (one walk of the stack, ~1 us per frame: every f_code read is itself an
+        audited event). Every verdict of `_judge` requires a frame of the solution on the stack (its own caller, or
+        one found by `_candidate_on_stack`), so judging an event directly gives the verdict the walk-first order
+        gives: the events of `_CALLER_RULED`, whose rules look at the raising frame before anything else (the import
+        hook's own sys._getframe, every import), skip the walk.
+        """
         if event == CALL_EVENT:
             self._call_original(args)
             return
-        # the cheap filter first: most events (attribute reads such as __code__, id(), imports) have no rule here
         if event not in _RULED or self._busy:
             return
         if event == "object.__getattr__" and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
@@ -184,7 +197,7 @@ class Monitor:
                 verdict = self._fetch(args)
             elif event == GUARD_EVENT:
                 verdict = self._judge(event, args)
-            elif self.phase == "harness" and not self._candidate_on_stack(2):
+            elif self.phase == "harness" and event not in _CALLER_RULED and not self._candidate_on_stack(2):
                 verdict = None  # harness code only
             else:
                 verdict = self._judge(event, args)
@@ -244,13 +257,16 @@ class Monitor:
             kind, detail, direct = (tuple(args) + ("", "", False))[:3]
             return self._guard_verdict(kind, detail, direct)
         if event in ("sys._getframe", "sys._getframemodulename"):
-            if self._caller_is_candidate(3):
-                return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
             f = self._getframe(2)  # seen from here: 0 _judge, 1 _hook, 2 the frame that called sys._getframe
-            helper = next((names for suffix, names in _FRAME_HELPERS.items()
-                           if f is not None and f.f_code.co_filename.endswith(suffix)), False)
-            if (helper is None or (helper and f.f_code.co_name in helper)) and self._candidate_on_stack(3):
-                return ("introspection", f"sys._getframe called for the solution by {os.path.basename(f.f_code.co_filename)}"
+            if f is None:
+                return None
+            code = f.f_code  # read once (each read of f_code is an audited event of its own)
+            if self._is_candidate(code):
+                return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
+            fn = code.co_filename
+            helper = next((names for suffix, names in _FRAME_HELPERS.items() if fn.endswith(suffix)), False)
+            if (helper is None or (helper and code.co_name in helper)) and self._candidate_on_stack(3):
+                return ("introspection", f"sys._getframe called for the solution by {os.path.basename(fn)}"
                                          " (call-stack inspection)")
             return None
         if event == "object.__getattr__":
