@@ -4,7 +4,7 @@ A trivial cpu-format solution (one `add_one` kernel over a float32 tensor of --n
 `sandbox.runtime` the way the corpus solutions do) is built once; then one child process per side builds a real
 `sandbox.candidate.Worker` (monitor on: audit hook, torch wrappers, thread and hook guards; monitor off: none of
 them, as `SandboxConfig.runtime_monitor=False`), loads the solution through `Worker.load`, and times, in
-microseconds per call (median over --rounds rounds of --iters calls each):
+microseconds per call (median over --rounds rounds of --iters calls each; best of --repeat children):
 
   kernel (raw ctypes)     the built function called with ready ctypes arguments: the floor
   launcher                `K.add_one(x, out, n)`: sandbox.runtime's argument checks, launch count, the call
@@ -22,11 +22,13 @@ microseconds per call (median over --rounds rounds of --iters calls each):
 A third child (monitor on, plus a counting audit hook) lists the audit events one `Worker._call` raises.
 Children are separate processes because an audit hook cannot be removed once added.
 
-    .venv/bin/python benchmarks/overhead_bench.py [--numel 64] [--iters 2000] [--rounds 7] [--calls 20]
-        [--tree DIR] [--json out.json]
+    .venv/bin/python benchmarks/overhead_bench.py [--numel 64] [--iters 2000] [--rounds 7] [--repeat 3]
+        [--calls 20] [--tree DIR ...] [--json out.json]
 
---tree runs the children on another checkout's `sandbox/` (e.g. `git archive` of an earlier revision), for
-before / after figures on the same box; the solution is always built by this checkout.
+--tree (repeatable) runs the children on other checkouts' `sandbox/` (e.g. `git archive` of an earlier revision
+into a folder), side by side, for before / after figures in one run; the solution is always built by this
+checkout. Children of every tree and side alternate, --repeat times each, and each figure is the best of them:
+on a shared host the load moves a single child's figures by 2-4x.
 
 Prints a table; record the figures in benchmarks/RESULTS.md (date, machine, load average, command).
 """
@@ -249,14 +251,63 @@ def run_child(args: list[str], tree: Path) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def measure(trees: list[Path], ws: str, manifest: str, common: list[str], repeat: int) -> dict:
+    """{tree label: {"off": row -> µs, "on": row -> µs, "events": event -> per call}}: every (tree, side) child run
+    `repeat` times, the trees and sides alternating so that load on a shared host hits all alike; each row is the
+    minimum over the repeats (of the children's medians)."""
+    runs: dict[str, dict[str, list[dict]]] = {t.name: {"off": [], "on": []} for t in trees}
+    for _ in range(repeat):
+        for t in trees:
+            for side in ("off", "on"):
+                runs[t.name][side].append(run_child([side, ws, manifest, *common], t))
+    out = {}
+    for t in trees:
+        r = runs[t.name]
+        out[t.name] = {side: {row: min(x[row] for x in r[side]) for row in ROWS} for side in ("off", "on")}
+        out[t.name]["events"] = run_child(["events", ws, manifest, *common], t)
+    return out
+
+
+def print_tables(res: dict, numel: int, rounds: int, repeat: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = list(res)
+    table = Table(title=f"per-call host overhead, cpu format, {numel} float32 elements (µs: median of {rounds} "
+                        f"rounds, best of {repeat} children)")
+    table.add_column("part", justify="right")
+    for n in names:
+        for col in ("off", "on", "on - off"):
+            table.add_column(f"{n}: {col}" if len(names) > 1 else f"monitor {col} µs", justify="right")
+    for row in ROWS:
+        cells = []
+        for n in names:
+            off, on = res[n]["off"][row], res[n]["on"][row]
+            cells += [f"{off:.2f}", f"{on:.2f}", f"{on - off:+.2f}"]
+        table.add_row(row, *cells)
+    con = Console(width=max(100, 30 + 36 * len(names)))
+    con.print(table)
+    ev = Table(title="audit events per Worker._call (monitor on)")
+    ev.add_column("event")
+    for n in names:
+        ev.add_column(n if len(names) > 1 else "per call", justify="right")
+    keys = sorted({k for n in names for k in res[n]["events"]})
+    for k in keys:
+        ev.add_row(k, *[f"{res[n]['events'].get(k, 0):g}" for n in names])
+    ev.add_row("total", *[f"{sum(res[n]['events'].values()):g}" for n in names])
+    con.print(ev)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--numel", type=int, default=64, help="elements of the input (float32)")
     ap.add_argument("--iters", type=int, default=2000, help="calls per round")
-    ap.add_argument("--rounds", type=int, default=7, help="rounds (the median is reported)")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds per child (the median is taken)")
+    ap.add_argument("--repeat", type=int, default=3, help="children per tree and side (the best is reported)")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per `time` request")
     ap.add_argument("--json", default="", help="also write the figures here")
-    ap.add_argument("--tree", default=str(REPO), help="checkout whose sandbox/ the children run (default: this one)")
+    ap.add_argument("--tree", action="append", default=[],
+                    help="checkout whose sandbox/ the children run (repeatable; default: this one)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -269,29 +320,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
     ws, manifest = build_solution(tmp)
     common = ["--numel", str(a.numel), "--iters", str(a.iters), "--rounds", str(a.rounds), "--calls", str(a.calls)]
-    tree = Path(a.tree).resolve()
-    off = run_child(["off", ws, manifest, *common], tree)
-    on = run_child(["on", ws, manifest, *common], tree)
-    events = run_child(["events", ws, manifest, *common], tree)
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"per-call host overhead, cpu format, {a.numel} float32 elements (µs, median of {a.rounds}); "
-                        f"sandbox of {tree}")
-    for col in ("part", "monitor off µs", "monitor on µs", "on - off µs"):
-        table.add_column(col, justify="right")
-    for row in ROWS:
-        table.add_row(row, f"{off[row]:.2f}", f"{on[row]:.2f}", f"{on[row] - off[row]:+.2f}")
-    Console().print(table)
-    ev = Table(title="audit events per Worker._call (monitor on)")
-    ev.add_column("event")
-    ev.add_column("per call", justify="right")
-    for k, v in events.items():
-        ev.add_row(k, f"{v:g}")
-    ev.add_row("total", f"{sum(events.values()):g}")
-    Console().print(ev)
+    trees = [Path(t).resolve() for t in (a.tree or [str(REPO)])]
+    if len({t.name for t in trees}) != len(trees):
+        raise SystemExit("--tree folders need distinct names (they label the columns)")
+    res = measure(trees, ws, manifest, common, a.repeat)
+    print_tables(res, a.numel, a.rounds, a.repeat)
     if a.json:
-        Path(a.json).write_text(json.dumps({"off": off, "on": on, "events": events}, indent=1))
+        Path(a.json).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -157,7 +157,10 @@ class Monitor:
         return fn.startswith(self.ws) and not fn.endswith("/model.py")
 
     def _candidate_on_stack(self, depth: int) -> bool:
-        f = self._getframe(depth)
+        return self._candidate_from(self._getframe(depth))
+
+    def _candidate_from(self, f: Any) -> bool:
+        """Whether frame f or one of its callers (f_back, which is not audited) runs the solution's code."""
         while f is not None:
             if self._is_candidate(f.f_code):
                 return True
@@ -220,13 +223,14 @@ class Monitor:
         busy, self._busy = self._busy, True  # (already busy: a wrapper called from another thread mid-judgement)
         try:
             f = self._getframe(2)  # seen from here: 0 _call_original, 1 _hook, 2 the frame raising the event
-            entry = self._originals.get(id(f.f_code)) if f is not None else None
-            if entry is None or entry[0] is not f.f_code:
+            code = f.f_code if f is not None else None  # read once: every f_code read is an audited event
+            entry = self._originals.get(id(code)) if code is not None else None
+            if entry is None or entry[0] is not code:
                 entry, verdict = None, ("harness_tampering", "the sandbox's call event was raised outside its wrappers")
             elif entry[2] is None:
                 verdict = None
-            else:
-                verdict = self._guard_verdict(entry[2], entry[3], entry[4])
+            else:  # the wrapper's caller is f.f_back: the frame _guard_verdict would look up (no second getframe)
+                verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back)
         finally:
             self._busy = busy
         if verdict is not None:
@@ -235,11 +239,17 @@ class Monitor:
         a, k, box = args
         box.append(entry[1](*a, **k))
 
-    def _guard_verdict(self, kind: str, detail: str, direct: bool) -> tuple[str, str] | None:
-        # seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its caller
+    def _guard_verdict(self, kind: str, detail: str, direct: bool, caller: Any = False) -> tuple[str, str] | None:
+        """caller: the guarded function's caller frame when the caller of this already has it (False: looked up
+        here, seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its
+        caller)."""
         if kind == "thread" and self.fmt == "extension" and self.phase == "load":
             return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
-        if self._caller_is_candidate(5) if direct else self._candidate_on_stack(5):
+        if caller is False:
+            hit = self._caller_is_candidate(5) if direct else self._candidate_on_stack(5)
+        else:
+            hit = (caller is not None and self._is_candidate(caller.f_code)) if direct else self._candidate_from(caller)
+        if hit:
             return (str(kind), str(detail))
         return None
 
