@@ -18,6 +18,9 @@ microseconds per call (median over --rounds rounds of --iters calls each; best o
   time request / call     wall clock of a whole `time` request (decode, calls, checks, copies) / its calls
   audit hook, unruled     `sys.audit` of an event the monitor has no rule for
   audit hook, GUARD_EVENT `sys.audit(GUARD_EVENT, ...)` as a wrapper raises it, from harness code
+  integrity, quick        `Worker._integrity(full=False)`: what the serve loop runs before every request
+  integrity, full         `Worker._integrity()`: after load / run / sample requests and in every sample (per
+                          request, not per call: identities of every harness and torch callable)
 
 A third child (monitor on, plus a counting audit hook) lists the audit events one `Worker._call` raises.
 Children are separate processes because an audit hook cannot be removed once added.
@@ -88,7 +91,7 @@ def get_init_inputs():
 
 ROWS = ["kernel (raw ctypes)", "launcher", "forward (bare)", "guard enter/exit", "no_grad enter/exit",
         "guard+no_grad+forward", "Worker._call", "Worker._after_call", "timed region", "time request / call",
-        "audit hook, unruled", "audit hook, GUARD_EVENT"]
+        "audit hook, unruled", "audit hook, GUARD_EVENT", "integrity, quick", "integrity, full"]
 
 
 def build_solution(tmp: Path) -> tuple[str, str]:
@@ -203,6 +206,8 @@ def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, r
         "Worker._after_call": per_call_us(after, iters, rounds),
         "audit hook, unruled": per_call_us(lambda: _sys.audit("cuda_agent.bench"), iters, rounds),
         "audit hook, GUARD_EVENT": per_call_us(lambda: _sys.audit(GUARD_EVENT, "bench", "bench", True), iters, rounds),
+        "integrity, quick": per_call_us(lambda: w._integrity(full=False), iters, rounds),
+        "integrity, full": per_call_us(lambda: w._integrity(), max(iters // 50, 5), rounds),
     }
     sets = wire.encode_value([(torch.randn(numel),) for _ in range(calls)])
     timed, wall = [], []
