@@ -55,6 +55,8 @@ import sys
 import traceback
 from typing import Any
 
+import torch  # once, here: an `import torch` inside the helpers below costs an import-hook round per call
+
 _MAX_TB = 3000
 
 
@@ -67,8 +69,6 @@ def _tb(ws: str) -> str:
 def _tensors(v: Any) -> list:
     """The tensors of a value, walking exact tuples, lists and dicts only (type(), never isinstance: a subclass's
     __iter__, __class__ or __torch_function__ would be solution code run by the harness)."""
-    import torch
-
     t = type(v)
     if t is torch.Tensor:
         return [v]
@@ -85,8 +85,6 @@ _SCALARS = (type(None), bool, int, float, str)
 def _structure(v: Any, where: str = "output") -> list[str]:
     """lazy_output violations for anything in a forward result that is not an exact torch.Tensor, tuple, list, dict
     or plain scalar (checked before the harness touches the result in any other way)."""
-    import torch
-
     t = type(v)
     if t is torch.Tensor or t in _SCALARS:
         return []
@@ -100,8 +98,6 @@ def _structure(v: Any, where: str = "output") -> list[str]:
 
 def _rebuild(v: Any, tensors: Any) -> Any:
     """v's structure with its tensors replaced, in order, by the next items of the iterator `tensors`."""
-    import torch
-
     t = type(v)
     if t is torch.Tensor:
         return next(tensors)
@@ -628,8 +624,6 @@ def _same(a: Any, b: Any, equal: Any) -> bool:
 
 
 def _uint8() -> Any:
-    import torch
-
     return torch.uint8
 
 

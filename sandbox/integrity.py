@@ -85,6 +85,11 @@ _RULED = frozenset({GUARD_EVENT, FETCH_EVENT, "sys._getframe", "sys._getframemod
                     "object.__setattr__", "object.__delattr__", "exec", "compile", "code.__new__", "function.__new__",
                     "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "open", "mmap.__new__"}
                    | _INTROSPECTION_EVENTS | _CTYPES_MEMORY | _FS_EVENTS | _PROCESS_EVENTS | _NET_EVENTS)
+# events whose rule looks first at the one frame that raised them (Monitor._judge: the caller must be the solution, or
+# for sys._getframe a frame helper of the standard library, which then walks the stack): in the harness phase the
+# hook judges these directly instead of walking the whole stack first (same verdicts: see Monitor._hook)
+_CALLER_RULED = frozenset({"sys._getframe", "sys._getframemodulename", "object.__setattr__", "object.__delattr__",
+                           "exec", "compile", "code.__new__", "function.__new__"})
 DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleGetFunction", "cuDevicePrimaryCtxRetain",
                   "cuCtxGetCurrent", "cuCtxSetCurrent", "cuFuncSetAttribute", "cuInit"}
 DRIVER_LIBS = {"libcuda.so.1", "libcuda.so"}
@@ -168,7 +173,10 @@ class Monitor:
         return fn.startswith(self.ws) and not fn.endswith("/model.py")
 
     def _candidate_on_stack(self, depth: int) -> bool:
-        f = self._getframe(depth)
+        return self._candidate_from(self._getframe(depth))
+
+    def _candidate_from(self, f: Any) -> bool:
+        """Whether frame f or one of its callers (f_back, which is not audited) runs the solution's code."""
         while f is not None:
             if self._is_candidate(f.f_code):
                 return True
@@ -184,10 +192,18 @@ class Monitor:
 
     # -------------------------------------------------------------------- the hook
     def _hook(self, event: str, args: tuple) -> None:
+        """The audit hook. CALL_EVENT first (a wrapper's call of its original), then cheap filters (set lookups):
+        most events (attribute reads such as __code__, id(), imports) have no rule here; then GUARD_EVENT /
+        FETCH_EVENT; then, in the harness phase, events whose rule needs a frame of the solution somewhere on the
+        stack are dropped when none is there (one walk of the stack, ~1 us per frame: every f_code read is itself an
+        audited event). Every verdict of `_judge` requires a frame of the solution on the stack (its own caller, or
+        one found by `_candidate_on_stack`), so judging an event directly gives the verdict the walk-first order
+        gives: the events of `_CALLER_RULED`, whose rules look at the raising frame before anything else (the import
+        hook's own sys._getframe, every import), skip the walk.
+        """
         if event == CALL_EVENT:
             self._call_original(args)
             return
-        # the cheap filter first: most events (attribute reads such as __code__, id(), imports) have no rule here
         if event not in _RULED or self._busy:
             return
         if event == "object.__getattr__" and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
@@ -200,7 +216,7 @@ class Monitor:
                 verdict = self._fetch(args)
             elif event == GUARD_EVENT:
                 verdict = self._judge(event, args)
-            elif self.phase == "harness" and not self._candidate_on_stack(2):
+            elif self.phase == "harness" and event not in _CALLER_RULED and not self._candidate_on_stack(2):
                 verdict = None  # harness code only
             else:
                 verdict = self._judge(event, args)
@@ -223,13 +239,14 @@ class Monitor:
         busy, self._busy = self._busy, True  # (already busy: a wrapper called from another thread mid-judgement)
         try:
             f = self._getframe(2)  # seen from here: 0 _call_original, 1 _hook, 2 the frame raising the event
-            entry = self._originals.get(id(f.f_code)) if f is not None else None
-            if entry is None or entry[0] is not f.f_code:
+            code = f.f_code if f is not None else None  # read once: every f_code read is an audited event
+            entry = self._originals.get(id(code)) if code is not None else None
+            if entry is None or entry[0] is not code:
                 entry, verdict = None, ("harness_tampering", "the sandbox's call event was raised outside its wrappers")
             elif entry[2] is None:
                 verdict = None
-            else:
-                verdict = self._guard_verdict(entry[2], entry[3], entry[4])
+            else:  # the wrapper's caller is f.f_back: the frame _guard_verdict would look up (no second getframe)
+                verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back)
         finally:
             self._busy = busy
         if verdict is not None:
@@ -238,11 +255,17 @@ class Monitor:
         a, k, box = args
         box.append(entry[1](*a, **k))
 
-    def _guard_verdict(self, kind: str, detail: str, direct: bool) -> tuple[str, str] | None:
-        # seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its caller
+    def _guard_verdict(self, kind: str, detail: str, direct: bool, caller: Any = False) -> tuple[str, str] | None:
+        """caller: the guarded function's caller frame when the caller of this already has it (False: looked up
+        here, seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its
+        caller)."""
         if kind == "thread" and self.fmt == "extension" and self.phase == "load":
             return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
-        if self._caller_is_candidate(5) if direct else self._candidate_on_stack(5):
+        if caller is False:
+            hit = self._caller_is_candidate(5) if direct else self._candidate_on_stack(5)
+        else:
+            hit = (caller is not None and self._is_candidate(caller.f_code)) if direct else self._candidate_from(caller)
+        if hit:
             return (str(kind), str(detail))
         return None
 
@@ -291,13 +314,16 @@ class Monitor:
             kind, detail, direct = (tuple(args) + ("", "", False))[:3]
             return self._guard_verdict(kind, detail, direct)
         if event in ("sys._getframe", "sys._getframemodulename"):
-            if self._caller_is_candidate(3):
-                return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
             f = self._getframe(2)  # seen from here: 0 _judge, 1 _hook, 2 the frame that called sys._getframe
-            helper = next((names for suffix, names in _FRAME_HELPERS.items()
-                           if f is not None and f.f_code.co_filename.endswith(suffix)), False)
-            if (helper is None or (helper and f.f_code.co_name in helper)) and self._candidate_on_stack(3):
-                return ("introspection", f"sys._getframe called for the solution by {os.path.basename(f.f_code.co_filename)}"
+            if f is None:
+                return None
+            code = f.f_code  # read once (each read of f_code is an audited event of its own)
+            if self._is_candidate(code):
+                return ("introspection", "sys._getframe called by the solution (call-stack inspection)")
+            fn = code.co_filename
+            helper = next((names for suffix, names in _FRAME_HELPERS.items() if fn.endswith(suffix)), False)
+            if (helper is None or (helper and code.co_name in helper)) and self._candidate_on_stack(3):
+                return ("introspection", f"sys._getframe called for the solution by {os.path.basename(fn)}"
                                          " (call-stack inspection)")
             return None
         if event == "object.__getattr__":

@@ -118,11 +118,81 @@ def _pointer(sig: KernelSignature, idx: int, value: Any, device: str) -> ctypes.
 
 
 def _convert(sig: KernelSignature, args: tuple, device: str) -> list:
+    """ctypes values of a launch's arguments, checked one by one (the reference path: `_Packer` answers the common
+    cases faster and falls back to these checks, and their error messages, for everything else)."""
     if len(args) != len(sig.params):
         raise LaunchArgumentError(f"{sig.describe()} takes {len(sig.params)} arguments, got {len(args)}")
     return [
         _pointer(sig, i, a, device) if sig.params[i].pointer else _scalar(sig, i, a) for i, a in enumerate(args)
     ]
+
+
+class _Packer:
+    """The argument checks of one entry point, prepared once at load (per launch, no imports, no string formatting,
+    no label building): `pack(args, device_index)` returns the values to launch with, or raises the exact
+    LaunchArgumentError of `_convert` (whose checks it falls back to for any argument outside the fast cases).
+
+    Fast cases (everything else takes `_pointer` / `_scalar`):
+      pointer: an exact torch.Tensor or nn.Parameter (no subclass: its attribute reads could run solution code)
+        on the format's device (cpu; or CUDA device `device_index`), of the pointee's dtype object (any for
+        void*), contiguous;
+      int scalar: an exact int within the C type's range; float scalar: an exact int or float; bool: bool or int.
+    raw=True (cpu: the ctypes function has argtypes) gives plain ints / floats / bools, which ctypes converts in C;
+    raw=False (cubin: cuLaunchKernel takes the arguments' addresses) gives ctypes objects, as `_convert` does.
+    """
+
+    def __init__(self, sig: KernelSignature, device: str, raw: bool):
+        import torch
+
+        self.sig = sig
+        self.device = device
+        self.n = len(sig.params)
+        self.exact = (torch.Tensor, torch.nn.Parameter)
+        self.cuda = device != "cpu"
+        self.raw = raw
+        specs = []
+        for p in sig.params:
+            if p.pointer:
+                specs.append(("ptr", getattr(torch, p.dtype) if p.dtype != "any" else None, None, 0, 0))
+            else:
+                kind, bits, signed = SCALAR_TYPES[p.ctype]
+                if kind == "bool":
+                    specs.append(("bool", None, ctypes.c_bool, 0, 0))
+                elif kind == "float":
+                    specs.append(("float", None, ctypes.c_float if bits == 32 else ctypes.c_double, 0, 0))
+                else:
+                    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+                    specs.append(("int", None, _CTYPES_INT[(bits, signed)], lo, hi))
+        self.specs = tuple(specs)
+
+    def argtypes(self) -> list:
+        """The ctypes argtypes of the entry point (raw mode): c_void_p for pointers, the C type for scalars."""
+        return [ctypes.c_void_p if k == "ptr" else ct for k, _, ct, _, _ in self.specs]
+
+    def pack(self, args: tuple, device_index: int = -1) -> list:
+        """Checked launch values of args (see the class doc); device_index: torch's current CUDA device (cubin)."""
+        if len(args) != self.n:
+            raise LaunchArgumentError(f"{self.sig.describe()} takes {self.n} arguments, got {len(args)}")
+        out = []
+        exact, raw, cuda = self.exact, self.raw, self.cuda
+        for i, (spec, v) in enumerate(zip(self.specs, args)):
+            kind, dt, ct, lo, hi = spec
+            t = type(v)
+            if kind == "ptr":
+                if t in exact and (v.is_cuda and v.get_device() == device_index if cuda else v.is_cpu) \
+                        and (dt is None or v.dtype is dt) and v.is_contiguous():
+                    out.append(v.data_ptr() if raw else ctypes.c_void_p(v.data_ptr()))
+                else:
+                    out.append(_pointer(self.sig, i, v, self.device))
+            elif kind == "int" and t is int and lo <= v <= hi:
+                out.append(v if raw else ct(v))
+            elif kind == "float" and (t is float or t is int):
+                out.append(float(v) if raw else ct(float(v)))
+            elif kind == "bool" and (t is bool or t is int):
+                out.append(bool(v) if raw else ct(bool(v)))
+            else:
+                out.append(_scalar(self.sig, i, v))
+        return out
 
 
 def _count(name: str) -> None:
@@ -147,8 +217,10 @@ class CpuKernel:
 
     def __init__(self, sig: KernelSignature, lib: ctypes.CDLL):
         self.signature = sig
+        self._pack = _Packer(sig, "cpu", raw=True)
         self._fn = getattr(lib, sig.name)
         self._fn.restype = None
+        self._fn.argtypes = self._pack.argtypes()  # ctypes converts the packed ints / floats itself (in C)
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs:
@@ -156,7 +228,7 @@ class CpuKernel:
                 f"{self.signature.name}: the cpu format takes no keyword arguments (got {sorted(kwargs)}); "
                 "grid/block are for cubin kernels"
             )
-        vals = _convert(self.signature, args, "cpu")
+        vals = self._pack.pack(args)
         _count(self.signature.name)
         self._fn(*vals)
 
@@ -221,7 +293,11 @@ class CubinKernel:
     """
 
     def __init__(self, sig: KernelSignature, cubin_path: str):
+        import torch
+
         self.signature = sig
+        self._pack = _Packer(sig, "cuda", raw=False)
+        self._cuda = torch.cuda  # bound at load: no import per launch
         self._path = cubin_path
         self._funcs: dict[int, int] = {}
         self._modules: dict[int, int] = {}
@@ -241,8 +317,7 @@ class CubinKernel:
         return f
 
     def __call__(self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0, **kwargs: Any) -> None:
-        import torch
-
+        cuda = self._cuda
         name = self.signature.name
         if kwargs:
             raise LaunchArgumentError(f"{name}: unknown keyword argument(s) {sorted(kwargs)} (grid, block, shared_mem)")
@@ -253,15 +328,15 @@ class CubinKernel:
             raise LaunchArgumentError(f"{name}: block {b} has more than 1024 threads")
         if not isinstance(shared_mem, int) or shared_mem < 0:
             raise LaunchArgumentError(f"{name}: shared_mem must be a non-negative int (bytes)")
-        vals = _convert(self.signature, args, "cuda")
+        device = cuda.current_device()
+        vals = self._pack.pack(args, device)
         drv = _get_driver()
-        device = torch.cuda.current_device()
         drv.primary_context(device)
         f = self._function(drv, device)
         if shared_mem > 48 * 1024:
             drv.check(drv.lib.cuFuncSetAttribute(f, 8, shared_mem), f"{name}: set max dynamic shared memory")
         params = _kernel_params(vals)
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = cuda.current_stream(device).cuda_stream
         _count(name)
         drv.check(drv.lib.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, params, None),
                   f"launch of {name} grid={g} block={b} shared_mem={shared_mem}")

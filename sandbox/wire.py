@@ -133,15 +133,15 @@ def encode_value(v: Any, spill_dir: "SpillDir | str | None" = None) -> Any:
     """
     sd, close = _spill(spill_dir)
     try:
-        return _encode(v, sd)
+        import torch  # once per value, not per node (every import statement costs an import-hook round)
+
+        return _encode(v, sd, torch)
     finally:
         if close:
             sd.close()  # type: ignore[union-attr]
 
 
-def _encode(v: Any, spill_dir: "SpillDir | None") -> Any:
-    import torch
-
+def _encode(v: Any, spill_dir: "SpillDir | None", torch: Any) -> Any:
     if isinstance(v, torch.Tensor):
         t = v.detach()
         if t.device.type != "cpu":
@@ -155,11 +155,11 @@ def _encode(v: Any, spill_dir: "SpillDir | None") -> Any:
             rec["data"] = raw.tobytes() if raw is not None else b""
         return rec
     if isinstance(v, tuple):
-        return {"__tuple__": [_encode(x, spill_dir) for x in v]}
+        return {"__tuple__": [_encode(x, spill_dir, torch) for x in v]}
     if isinstance(v, list):
-        return [_encode(x, spill_dir) for x in v]
+        return [_encode(x, spill_dir, torch) for x in v]
     if isinstance(v, dict):
-        return {str(k): _encode(x, spill_dir) for k, x in v.items()}
+        return {str(k): _encode(x, spill_dir, torch) for k, x in v.items()}
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return v
     if hasattr(v, "__index__"):
@@ -182,15 +182,15 @@ def decode_value(v: Any, spill_dir: "SpillDir | str | None" = None, shm: Any = N
     rejects, a file record without a spill folder, a segment record without a segment)."""
     sd, close = _spill(spill_dir)
     try:
-        return _decode(v, sd, shm)
+        import torch  # once per value, not per node
+
+        return _decode(v, sd, shm, torch)
     finally:
         if close:
             sd.close()  # type: ignore[union-attr]
 
 
-def _decode(v: Any, spill_dir: "SpillDir | None", shm: Any) -> Any:
-    import torch
-
+def _decode(v: Any, spill_dir: "SpillDir | None", shm: Any, torch: Any) -> Any:
     if isinstance(v, dict):
         if "__tensor__" in v and "shm" in v:
             if shm is None:
@@ -220,10 +220,10 @@ def _decode(v: Any, spill_dir: "SpillDir | None", shm: Any) -> Any:
             buf = data if isinstance(data, bytearray) else bytearray(data)
             return torch.frombuffer(buf, dtype=dt).reshape(shape)
         if "__tuple__" in v:
-            return tuple(_decode(x, spill_dir, shm) for x in v["__tuple__"])
-        return {k: _decode(x, spill_dir, shm) for k, x in v.items()}
+            return tuple(_decode(x, spill_dir, shm, torch) for x in v["__tuple__"])
+        return {k: _decode(x, spill_dir, shm, torch) for k, x in v.items()}
     if isinstance(v, list):
-        return [_decode(x, spill_dir, shm) for x in v]
+        return [_decode(x, spill_dir, shm, torch) for x in v]
     return v
 
 

@@ -109,3 +109,52 @@ def test_monitor_attributes_events_to_workspace_code(tmp_path):
     finally:
         m.phase = "harness"
         sys.path.remove(str(ws))
+
+
+_HARNESS_PHASE_PROBE = r'''
+import inspect, sys
+ws = sys.argv[1]
+sys.path.insert(0, ws)
+from sandbox.integrity import Monitor
+m = Monitor(ws, "cpu", set(), set())
+import probe_mod
+sys.addaudithook(m._hook)
+reads = []
+sys.addaudithook(lambda e, a: reads.append(1) if e == "object.__getattr__" and a[1] == "f_code" else None)
+out = {}
+for name in ("peek", "via_inspect"):  # the solution's frames, run from the harness in the harness phase
+    try:
+        getattr(probe_mod, name)()
+        out[name] = None
+    except ImportError as e:
+        out[name] = str(e)
+def deep(n):
+    if n:
+        return deep(n - 1)
+    reads.clear()
+    sys._getframe(0)  # harness code 60 frames down: judged from its own frame, no walk of the stack
+    return len(reads)
+out["f_code_reads"] = deep(60)
+out["kinds"] = [k for k, _ in m.violations]
+print(out)
+'''
+
+
+def test_monitor_judges_caller_ruled_events_without_walking_the_stack(tmp_path):
+    """In the harness phase, sys._getframe (every import runs one) is judged from the frame that raised it; the
+    solution calling it, or a frame helper (inspect) calling it for the solution, is still caught."""
+    import ast
+    import subprocess
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "probe_mod.py").write_text("import inspect, sys\ndef peek():\n    return sys._getframe(0)\n"
+                                     "def via_inspect():\n    return inspect.currentframe()\n")
+    p = subprocess.run([sys.executable, "-c", _HARNESS_PHASE_PROBE, str(ws)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = ast.literal_eval(p.stdout.strip().splitlines()[-1])
+    assert "sys._getframe called by the solution" in out["peek"]
+    assert "for the solution by inspect.py" in out["via_inspect"]
+    assert out["kinds"] == ["introspection", "introspection"]
+    assert out["f_code_reads"] <= 2  # the raising frame's code (a walk would read 60+)

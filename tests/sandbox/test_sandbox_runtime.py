@@ -65,3 +65,47 @@ def test_unsigned_range_grid_kwargs_and_unknown_kernel(kernels):
         kernels.axpy(torch.zeros(1), torch.zeros(1), 1.0, 1, grid=(1,))
     with pytest.raises(AttributeError, match="no kernel named"):
         kernels.nope
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: the launcher's checks for it run the full path (_pointer), not the packer's fast case."""
+
+
+def test_packer_fast_and_checked_paths_agree(kernels):
+    from sandbox.runtime import _convert
+
+    k = kernels._kernels["axpy"]
+    x, y = torch.arange(5, dtype=torch.float32), torch.zeros(5)
+    fast = k._pack.pack((x, y, 2, 5))
+    ref = [v.value for v in _convert(k.signature, (x, y, 2, 5), "cpu")]
+    assert fast == ref and type(fast[2]) is float  # an int for a float parameter is converted, as before
+    w = torch.nn.Parameter(torch.arange(5, dtype=torch.float32), requires_grad=False)
+    kernels.axpy(w, y, 1.0, 5)  # nn.Parameter: the fast case
+    kernels.axpy(x.as_subclass(_Sub), y, 1.0, 5)  # a subclass: the checked path, same launch
+    assert torch.equal(y, 2 * x)
+    with pytest.raises(LaunchArgumentError, match="expects a number, got bool"):
+        kernels.axpy(x, y, True, 5)
+    with pytest.raises(LaunchArgumentError, match="expects an int, got float"):
+        kernels.axpy(x, y, 1.0, 5.0)
+    with pytest.raises(LaunchArgumentError, match="dtype is torch.float64"):
+        kernels.axpy(x.double().as_subclass(_Sub), y, 1.0, 5)
+
+
+def test_a_launch_imports_nothing(kernels, monkeypatch):
+    """Every import statement in a launch is a round through the candidate's import hook (and its audit events):
+    the launcher binds what it needs at load."""
+    import builtins
+
+    seen = []
+    real = builtins.__import__
+
+    def counting(name, *a, **k):
+        seen.append(name)
+        return real(name, *a, **k)
+
+    x, y = torch.ones(3), torch.zeros(3)
+    monkeypatch.setattr(builtins, "__import__", counting)
+    kernels.axpy(x, y, 1.0, 3)
+    kernels.fill_i32(torch.zeros(2, dtype=torch.int32), 3, 2)
+    monkeypatch.undo()
+    assert seen == [] and torch.equal(y, x)
