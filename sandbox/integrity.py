@@ -95,6 +95,24 @@ DRIVER_SYMBOLS = {"cuGetErrorName", "cuLaunchKernel", "cuModuleLoad", "cuModuleG
 DRIVER_LIBS = {"libcuda.so.1", "libcuda.so"}
 
 
+def _stdlib_prefixes() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib")}
+    return tuple(os.path.realpath(p).rstrip("/") + "/" for p in paths if p)
+
+
+_STDLIB = _stdlib_prefixes()
+
+
+def _forwarding_glue(filename: str) -> bool:
+    """Generated code ("<string>", "<lambda>"...) or the standard library (not its site-packages): frames that only
+    pass a call on, for the attribution of direct calls (Monitor._acting_for_candidate)."""
+    if filename.startswith("<"):
+        return True
+    return filename.startswith(_STDLIB) and "/site-packages/" not in filename and "/dist-packages/" not in filename
+
+
 def _trusted_exec_callers() -> dict[int, Any]:
     """{id(code): code} of the standard library's functions that exec / eval source they generate from validated
     identifiers (collections.namedtuple; dataclasses' method builders): their exec is not the solution's."""
@@ -187,6 +205,20 @@ class Monitor:
         f = self._getframe(depth)
         return f is not None and self._is_candidate(f.f_code)
 
+    def _acting_for_candidate(self, f: Any) -> bool:
+        """Whether frame f is the solution's, or forwards for it: frames of generated code ("<string>": dataclass
+        __init__, namedtuple) and of the standard library (functools.singledispatch, ...) between f and the first
+        other frame are skipped, so a guarded call the solution routes through them counts as its own (the
+        attribution of direct guards; torch's own callers of the guarded functions are not skipped)."""
+        while f is not None:
+            code = f.f_code
+            if self._is_candidate(code):
+                return True
+            if not _forwarding_glue(code.co_filename):
+                return False
+            f = f.f_back
+        return False
+
     def record(self, kind: str, detail: str) -> None:
         self.violations.append((kind, detail))
 
@@ -262,9 +294,10 @@ class Monitor:
         if kind == "thread" and self.fmt == "extension" and self.phase == "load":
             return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
         if caller is False:
-            hit = self._caller_is_candidate(5) if direct else self._candidate_on_stack(5)
+            # seen from here: 0 this, 1 _judge or _call_original, 2 _hook, 3 the wrapper, 4 its caller
+            hit = self._acting_for_candidate(self._getframe(4)) if direct else self._candidate_on_stack(5)
         else:
-            hit = (caller is not None and self._is_candidate(caller.f_code)) if direct else self._candidate_from(caller)
+            hit = self._acting_for_candidate(caller) if direct else self._candidate_from(caller)
         if hit:
             return (str(kind), str(detail))
         return None
@@ -452,9 +485,15 @@ def install_import_hook(allowed: set[str], monitor: Monitor) -> None:
 
     def refused(name: str, fromlist: Any, level: int) -> str | None:
         f = getframe(2)
-        if f is None or not is_candidate(f.f_code):
+        if f is None:
             return None
-        statement = f.f_code.co_code[f.f_lasti] == _IMPORT_NAME if f.f_lasti >= 0 else False
+        code = f.f_code
+        if not is_candidate(code):
+            # (the standard library imports for its callers, e.g. encodings.search_function's __import__ call: an
+            # import routed through it is not judged here; what the solution could compute with a module it reaches
+            # is refused at the bridges and the dispatch guard)
+            return None
+        statement = code.co_code[f.f_lasti] == _IMPORT_NAME if f.f_lasti >= 0 else False
         if statement:
             bad = level != 0 or name not in allowed
             if not bad and name == "sandbox":

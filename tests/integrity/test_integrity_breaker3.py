@@ -16,6 +16,10 @@ CASES = HERE / "breaker3"
 # name -> (corpus task, violation kind the result must carry)
 EXPECTED = {
     "disguised_forward_torch_compute": ("row_softmax", "dynamic_code"),
+    "disguised_baseline_saboteur": ("row_softmax", "dynamic_code"),
+    "sample_time_fixup_ewchain": ("elementwise_chain", "dynamic_code"),
+    "direct_guard_via_stdlib_caller": ("row_softmax", "guard_bypass"),
+    "import_via_stdlib_caller": ("row_softmax", "numpy_bridge"),
 }
 
 
