@@ -134,6 +134,11 @@ class SandboxConfig:
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
+    idle_cpu_limit_s: float = 0.1
+    """CPU seconds (user + system, every thread and child) the candidate's process may use, summed over one
+    evaluation, while it has no request to answer (between a reply and the next request, as the trusted side reads
+    /proc); more is `background_work` (forbidden): threads of its own, native ones included, that run while the
+    baselines are timed. 0 = not checked."""
 
     # --- threads
     cpu_threads: int = 1
@@ -197,6 +202,8 @@ class SandboxConfig:
             raise ValueError("SandboxConfig milestone thresholds must be > 0")
         if self.min_rep_ms < 0:
             raise ValueError("SandboxConfig.min_rep_ms must be >= 0")
+        if self.idle_cpu_limit_s < 0:
+            raise ValueError(f"SandboxConfig.idle_cpu_limit_s must be >= 0 (0 = not checked), got {self.idle_cpu_limit_s}")
         if self.timing_slack_ms < 0 or not 0 <= self.timing_slack_rel < 1:
             raise ValueError("SandboxConfig.timing_slack_ms must be >= 0 and timing_slack_rel in [0, 1)")
 

@@ -302,6 +302,16 @@ class Monitor:
             return (str(kind), str(detail))
         return None
 
+    def _harness_frame(self, f: Any) -> bool:
+        """Whether frame f lies below every frame of the solution on the current stack (a frame of the harness that
+        called it) while one is on the stack: no solution frame at f or older than f, one newer."""
+        g = f
+        while g is not None:
+            if self._is_candidate(g.f_code):
+                return False  # f is the solution's, or something it called
+            g = g.f_back
+        return self._candidate_on_stack(4)  # seen from here: 0 helper, 1 this, 2 _judge, 3 _hook, 4 the asker
+
     def _lenient_load(self) -> bool:
         """The extension format's load: load_inline builds and imports its module (setuptools and the like do
         what the stack rules refuse: exec of generated source, __defaults__ writes)."""
@@ -358,6 +368,11 @@ class Monitor:
             if (helper is None or (helper and code.co_name in helper)) and self._candidate_on_stack(3):
                 return ("introspection", f"sys._getframe called for the solution by {os.path.basename(fn)}"
                                          " (call-stack inspection)")
+            # whoever asks (functools.singledispatch(sys._getframe) makes functools the caller): while the solution
+            # runs, no frame older than its outermost one (the harness's) is handed out
+            if event == "sys._getframe" and self.phase != "harness" and args and self._harness_frame(args[0]):
+                return ("introspection", f"sys._getframe would hand out a frame of the harness "
+                                         f"({os.path.basename(fn)} asked, with the solution on the stack)")
             return None
         if event == "object.__getattr__":
             name = args[1] if len(args) > 1 else ""

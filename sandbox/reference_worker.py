@@ -283,6 +283,8 @@ class CandidateProcess:
         self.device = device
         self.namespaces = namespaces
         self.exit_code: int | None = None
+        self.idle_cpu_s = 0.0  # CPU the candidate's process tree used while it had no request (see request)
+        self._idle_mark: float | None = None
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
         self.log = tempfile.TemporaryFile()
@@ -386,6 +388,7 @@ class CandidateProcess:
         timeout_s unless deadline_after_meanwhile."""
         deadline = time.monotonic() + timeout_s
         nonce = secrets.token_hex(16)
+        self._check_idle(str(msg.get("op")))
         msg = {**msg, "nonce": nonce}
         try:
             wire.send(self.fd_out, msg, timeout_s=timeout_s)
@@ -402,11 +405,29 @@ class CandidateProcess:
         if "__exit__" in reply and len(reply) == 1:  # written by the zygote's intermediate when the worker died
             self.exit_code = int(reply["__exit__"]) if isinstance(reply["__exit__"], int) else None
             raise self._died()
+        if self.cfg.idle_cpu_limit_s > 0:
+            self._idle_mark = tree_cpu_s(self.pid)
         if reply.get("nonce") != nonce:
             raise StageFailure(Status.FORBIDDEN, f"{msg.get('op')}: a reply that does not answer the request arrived "
                                                  "(written by the solution, not the harness)",
                                [Violation("forged_reply", f"reply to {msg.get('op')!r} without the request's nonce")])
         return reply
+
+    def _check_idle(self, op: str) -> None:
+        """Before a request: add what the candidate's process tree used since the last reply (it had nothing to
+        do: the harness blocks on its request pipe) and refuse past SandboxConfig.idle_cpu_limit_s."""
+        if self._idle_mark is None or self.cfg.idle_cpu_limit_s <= 0:
+            return
+        now = tree_cpu_s(self.pid)
+        if now is None:
+            return
+        self.idle_cpu_s += max(0.0, now - self._idle_mark)
+        self._idle_mark = now
+        if self.idle_cpu_s > self.cfg.idle_cpu_limit_s:
+            detail = (f"the candidate's process used {self.idle_cpu_s * 1e3:.0f} ms of CPU while it had no request to "
+                      f"answer (limit {self.cfg.idle_cpu_limit_s * 1e3:.0f} ms; work outside its calls, e.g. a thread "
+                      "of its own running while the baselines are timed)")
+            raise StageFailure(Status.FORBIDDEN, f"{op}: {detail}", [Violation("background_work", detail)])
 
     def kill(self) -> None:
         try:
@@ -910,6 +931,36 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             cand.kill()
         if spill is not None:
             spill.close()
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) of process `pid` and its descendants, read from /proc (children
+    through /proc/PID/task/TID/children); None when pid's own stat cannot be read. Clock-tick resolution."""
+    ticks = 0
+    stack, seen = [pid], set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2:].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+            for t in os.listdir(f"/proc/{p}/task"):
+                try:
+                    with open(f"/proc/{p}/task/{t}/children", "rb") as f:
+                        stack.extend(int(c) for c in f.read().split())
+                except OSError:
+                    pass
+        except (OSError, ValueError, IndexError):
+            if p == pid:
+                return None
+    return ticks / _CLK_TCK
+
+
+_CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 
 
 def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str, meanwhile: Any = None) -> dict:

@@ -20,6 +20,9 @@ EXPECTED = {
     "sample_time_fixup_ewchain": ("elementwise_chain", "dynamic_code"),
     "direct_guard_via_stdlib_caller": ("row_softmax", "guard_bypass"),
     "import_via_stdlib_caller": ("row_softmax", "numpy_bridge"),
+    "native_thread_saboteur": ("elementwise_chain", "background_work"),
+    "frames_monitor_off_spin": ("elementwise_chain", "introspection"),
+    "frames_via_stdlib_monitor_off": ("elementwise_chain", "introspection"),
 }
 
 
@@ -27,7 +30,8 @@ EXPECTED = {
 def evaluator(tmp_path_factory):
     from sandbox.evaluator import Evaluator
 
-    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("breaker3"), static_checks=True))
+    # the training settings' 20 repetitions (the saboteur's burners need the gaps between them)
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("breaker3"), static_checks=True, reps=20))
     yield ev
     ev.close()
 
