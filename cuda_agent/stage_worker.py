@@ -168,13 +168,17 @@ def run(args: argparse.Namespace) -> int:
              len(refused))
 
     # ---------------------------------------------------------------------------------------------- state
+    total_steps = spec.steps
+    if getattr(spec, "max_epochs", 0):
+        total_steps = min(spec.steps, max(1, int(np.ceil(spec.max_epochs * batch.num_rows / spec.batch_rows))))
+    info[f"{stage}/planned_steps"] = total_steps
     micro = max(1, min(args.microbatch or spec.batch_rows, spec.batch_rows))
     while spec.batch_rows % micro:
         micro -= 1
     ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
                         gamma=cfg.learner.ppo.gamma)
-    optim = OptimizerConfig(lr=spec.lr, warmup_steps=min(getattr(spec, "warmup_steps", 5), max(1, spec.steps // 5)),
-                            decay_steps=max(1, spec.steps), schedule="cosine", end_lr_ratio=0.1,
+    optim = OptimizerConfig(lr=spec.lr, warmup_steps=min(getattr(spec, "warmup_steps", 5), max(1, total_steps // 5)),
+                            decay_steps=max(1, total_steps), schedule="cosine", end_lr_ratio=0.1,
                             grad_clip_norm=1.0)
     policy_model = load_pretrained(args.init)
     if stage == "value_pretrain":
@@ -227,10 +231,10 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     status = "done"
     tokens_done = 0
-    while step < spec.steps:
+    while step < total_steps:
         key, sub = jax.random.split(key)
         for idx in lstages.minibatch_indices(batch.num_rows, spec.batch_rows, sub, 1):
-            if step >= spec.steps:
+            if step >= total_steps:
                 break
             if stop.flag:
                 status = "stopped"
@@ -246,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             step += 1
             dt = time.monotonic() - ts
             m.update({f"{stage}/step_s": dt, f"{stage}/tokens_per_s": n_tok / dt,
-                      f"{stage}/elapsed_s": time.monotonic() - t_start, f"{stage}/steps_total": spec.steps})
+                      f"{stage}/elapsed_s": time.monotonic() - t_start, f"{stage}/steps_total": total_steps})
             metrics.log(step, m)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save()
