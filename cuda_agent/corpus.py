@@ -109,7 +109,7 @@ def composed_tasks(n: int, seed: int, eval_tasks: Sequence[Task]) -> list[Task]:
     while len(out) < n and index < 20 * n:
         cat = comp.categories[index % len(comp.categories)]
         try:
-            t = comp.compose(index, category=cat, depth=rng.randint(1, 4))  # a quarter single operators
+            t = comp.compose(index, category=cat, depth=rng.randint(2, 4))
         except Exception:  # noqa: BLE001 - ComposeError: no composition for this slot, take the next
             index += 1
             continue
