@@ -43,7 +43,7 @@ log = logging.getLogger("cuda_agent.stage_worker")
 EXIT_DONE, EXIT_ERROR, EXIT_STOPPED, EXIT_NO_DATA = 0, 1, 3, 4
 REPLAN_AFTER, REPLAN_EVERY = 12, 30
 """The learning-rate schedule is fitted to the time budget after REPLAN_AFTER steps, then every REPLAN_EVERY steps
-(stage_worker.run: fit_schedule), on the median time of the last REPLAN_EVERY steps."""
+(stage_worker.run: fit_schedule), on the median time of the steps so far."""
 REPLAN_TOLERANCE = 0.05
 """A new plan is made when the steps that fit differ from the plan's by more than this share."""
 REPLAN_COMPILE_S = 10.0
@@ -270,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
         schedule ends with the budget ends annealed. Re-planned as the machine's load changes (each new plan
         compiles the step again, a few seconds); the plan is kept in plan.json for a restarted worker."""
         nonlocal total_steps, state
-        per_step = float(np.median(step_times[-REPLAN_EVERY:]))
+        per_step = float(np.median(step_times[2:]))  # all steps but the first (compiling) ones: the load of a
+        # shared machine comes and goes within minutes, a short window makes the plan swing with it
         fit = fitted_steps(step, total_steps, max_steps, per_step,
                            spec.time_budget_s - (time.monotonic() - t_start) - REPLAN_COMPILE_S)
         if fit is None:
