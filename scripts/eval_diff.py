@@ -38,7 +38,7 @@ def main() -> None:
         for path, text in ref[0].files.items():
             got = ep.get("files", {}).get(path, "")
             diff = list(difflib.unified_diff(text.splitlines(), got.splitlines(), "reference/" + path,
-                                                 "sampled/" + path, n=0, lineterm=""))
+                                              "sampled/" + path, n=0, lineterm=""))
             if diff:
                 print("\n".join(diff))
 
