@@ -14,7 +14,9 @@ actors and the evaluations. Data per stage:
   value_pretrain  the critic regresses the Monte-Carlo returns of all of that stage's trajectories (mixed
                   rewards give the baseline something to learn; learner.stages.value_pretrain)
 
-Budgets: `steps` optimiser steps or `time_budget_s`, whichever comes first. Progress: one JSON line per step in
+Budgets: `steps` optimiser steps or `time_budget_s`, whichever comes first; from REPLAN_AFTER steps on, the
+cosine learning-rate schedule is fitted to the steps that fit in the time budget at the measured step time, so a
+stage its budget cuts still ends annealed. Progress: one JSON line per step in
 RUN/learner/<stage>/metrics/metrics.jsonl (learner.metrics.MetricsLogger), read by the train driver. Checkpoints
 (learner.checkpoint, Orbax) go to RUN/learner/<stage>/ckpt every `checkpoint_every` steps and on SIGTERM; a
 restarted worker resumes from the newest one. Exit codes: 0 done, 3 stopped by SIGTERM (checkpoint written),
@@ -39,6 +41,13 @@ import numpy as np
 log = logging.getLogger("cuda_agent.stage_worker")
 
 EXIT_DONE, EXIT_ERROR, EXIT_STOPPED, EXIT_NO_DATA = 0, 1, 3, 4
+REPLAN_AFTER, REPLAN_EVERY = 12, 30
+"""The learning-rate schedule is fitted to the time budget after REPLAN_AFTER steps, then every REPLAN_EVERY steps
+(stage_worker.run: fit_schedule), on the median time of the steps so far."""
+REPLAN_TOLERANCE = 0.05
+"""A new plan is made when the steps that fit differ from the plan's by more than this share."""
+REPLAN_COMPILE_S = 10.0
+"""Seconds set aside for compiling the step again with the re-planned schedule."""
 
 
 @dataclasses.dataclass
@@ -51,6 +60,19 @@ class _Seq:
     behaviour_logprobs: np.ndarray
     reward: float = 0.0
     policy_version: int = 0
+
+
+def fitted_steps(step: int, planned: int, max_steps: int, step_s: float, left_s: float) -> int | None:
+    """The total steps of a new learning-rate plan, or None to keep the current one (`planned`).
+
+    step: steps done; max_steps: the stage's own limit; step_s: measured seconds per step; left_s: seconds left
+    in the time budget. The new plan ends when the budget does (at least one more step, at most max_steps); it is
+    made only when it differs from the current plan by more than REPLAN_TOLERANCE and the current plan has at
+    least REPLAN_EVERY steps to go."""
+    fit = min(max_steps, step + max(1, int(left_s / step_s)))
+    if abs(fit - planned) <= REPLAN_TOLERANCE * planned or planned - step < REPLAN_EVERY:
+        return None
+    return fit
 
 
 def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple[list[_Seq], dict]:
@@ -123,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     from learner.metrics import MetricsLogger
     from learner.model import Critic
     from learner.tokenizer import Tokenizer
-    from learner.train_step import CriticBatch, SequenceBatch, create_train_state, critic_train_step, sft_train_step
+    from learner.train_step import (CriticBatch, SequenceBatch, create_train_state, critic_train_step, make_optimizer,
+                                    sft_train_step)
 
     run_dir = Path(args.run_dir)
     cfg = load_config(TrainConfig, run_dir / "config.yaml")
@@ -168,14 +191,25 @@ def run(args: argparse.Namespace) -> int:
              len(refused))
 
     # ---------------------------------------------------------------------------------------------- state
+    total_steps = spec.steps
+    if getattr(spec, "max_epochs", 0):
+        total_steps = min(spec.steps, max(1, int(np.ceil(spec.max_epochs * batch.num_rows / spec.batch_rows))))
+    info[f"{stage}/planned_steps"] = total_steps
     micro = max(1, min(args.microbatch or spec.batch_rows, spec.batch_rows))
     while spec.batch_rows % micro:
         micro -= 1
     ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
                         gamma=cfg.learner.ppo.gamma)
-    optim = OptimizerConfig(lr=spec.lr, warmup_steps=min(getattr(spec, "warmup_steps", 5), max(1, spec.steps // 5)),
-                            decay_steps=max(1, spec.steps), schedule="cosine", end_lr_ratio=0.1,
-                            grad_clip_norm=1.0)
+    def optimizer(total: int) -> OptimizerConfig:
+        warm = min(getattr(spec, "warmup_steps", 5), max(1, total // 5))
+        return OptimizerConfig(lr=spec.lr, warmup_steps=warm, decay_steps=max(1, total - warm), schedule="cosine",
+                               end_lr_ratio=0.1, grad_clip_norm=1.0)
+
+    max_steps = total_steps
+    plan_file = work / "plan.json"
+    if plan_file.exists():  # a restarted worker keeps the schedule it re-planned (see fit_schedule below)
+        total_steps = int(json.loads(plan_file.read_text())["total_steps"])
+    optim = optimizer(total_steps)
     policy_model = load_pretrained(args.init)
     if stage == "value_pretrain":
         critic_dir = Path(args.init) / "critic"
@@ -227,10 +261,34 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     status = "done"
     tokens_done = 0
-    while step < spec.steps:
+    step_times: list[float] = []
+    next_plan = step + REPLAN_AFTER
+
+    def fit_schedule() -> None:
+        """Fit the cosine learning-rate schedule to the steps that fit in the time budget at the measured step
+        time: a stage its budget cuts half-way through the schedule would end at a high learning rate, one whose
+        schedule ends with the budget ends annealed. Re-planned as the machine's load changes (each new plan
+        compiles the step again, a few seconds); the plan is kept in plan.json for a restarted worker."""
+        nonlocal total_steps, state
+        per_step = float(np.median(step_times[2:]))  # all steps but the first (compiling) ones: the load of a
+        # shared machine comes and goes within minutes, a short window makes the plan swing with it
+        fit = fitted_steps(step, total_steps, max_steps, per_step,
+                           spec.time_budget_s - (time.monotonic() - t_start) - REPLAN_COMPILE_S)
+        if fit is None:
+            return
+        total_steps = fit
+        tx, sched = make_optimizer(optimizer(total_steps))
+        state = state.replace(tx=tx, lr_schedule=sched)  # same Optax state layout: moments and count carry over
+        plan_file.write_text(json.dumps({"total_steps": total_steps, "step_s": per_step, "at_step": step}) + "\n")
+        info[f"{stage}/planned_steps"] = total_steps
+        info[f"{stage}/replans"] = info.get(f"{stage}/replans", 0) + 1
+        log.info("stage %s: %.2f s per step at step %d: %d steps fit in the time budget, schedule re-planned", stage,
+                 per_step, step, total_steps)
+
+    while step < total_steps:
         key, sub = jax.random.split(key)
         for idx in lstages.minibatch_indices(batch.num_rows, spec.batch_rows, sub, 1):
-            if step >= spec.steps:
+            if step >= total_steps:
                 break
             if stop.flag:
                 status = "stopped"
@@ -245,8 +303,12 @@ def run(args: argparse.Namespace) -> int:
             tokens_done += n_tok
             step += 1
             dt = time.monotonic() - ts
+            step_times.append(dt)
+            if step >= next_plan:
+                fit_schedule()
+                next_plan = step + REPLAN_EVERY
             m.update({f"{stage}/step_s": dt, f"{stage}/tokens_per_s": n_tok / dt,
-                      f"{stage}/elapsed_s": time.monotonic() - t_start, f"{stage}/steps_total": spec.steps})
+                      f"{stage}/elapsed_s": time.monotonic() - t_start, f"{stage}/steps_total": total_steps})
             metrics.log(step, m)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save()

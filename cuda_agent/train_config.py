@@ -85,8 +85,9 @@ class TokenizerSpec:
     min_frequency: int = 2
     """Merges seen fewer times than this in the corpus are not made."""
     split: str = "words"
-    """Pre-tokenization (learner.tokenizer.SPLITS): "words" (GPT-2's regex) or "digits" (merges across spaces and
-    punctuation, digits one by one: several times fewer tokens on code)."""
+    """Pre-tokenization (learner.tokenizer.SPLITS): "words" (GPT-2's regex), "digits" (merges across spaces and
+    punctuation, digits one by one: several times fewer tokens on code) or "lines" ("digits" that also keeps line
+    breaks, indentation and comment markers apart, so a copied line tokenizes as in the prompt)."""
     max_token_length: int = 0
     """Longest merged token in characters (0 = no limit)."""
 
@@ -187,12 +188,16 @@ class RFTSpec:
     reward_threshold: float = 0.0
     """Keep trajectories with final reward >= this (0 = correct; the paper keeps high-reward ones)."""
     steps: int = 40
+    """Optimiser steps (each `batch_rows` packed rows), at most `max_epochs` passes over the kept data."""
     batch_rows: int = 8
     lr: float = 1e-3
+    max_epochs: float = 0.0
+    """At most this many passes over the kept trajectories (0 = no limit): a handful of kept trajectories should
+    not be trained on for dozens of epochs."""
     time_budget_s: float = 300.0
 
     def __post_init__(self) -> None:
-        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0)
+        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0, max_epochs=0)
         _positive(self, "stages.rft", "time_budget_s")
 
 

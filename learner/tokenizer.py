@@ -93,11 +93,16 @@ class Tokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-SPLITS = ("words", "digits")
+SPLITS = ("words", "digits", "lines")
 """Pre-tokenization of `train_bpe`: "words" = GPT-2's regex (merges stay inside a word, a number or a run of
 punctuation); "digits" = only digits are split off, one each, so merges may span spaces and punctuation (code
 lines such as `float x = in_x[i];` become a few tokens: 3-4x fewer tokens on a small code corpus) while numbers
-stay digit by digit, as they are copied from a prompt into a solution."""
+stay digit by digit, as they are copied from a prompt into a solution; "lines" = "digits", and also a newline (real
+or JSON-escaped `\\n`) with the indentation after it, comment markers (`// `, `# `), triple quotes and `Plan: `
+are pieces of their own, so a line copied from a prompt into a comment or a JSON string tokenizes as it did
+there."""
+LINE_PIECES = r'\\n *|\n *|// |# |\"\"\"|Plan: '
+"""The pieces "lines" isolates (an Oniguruma regex)."""
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 8192, min_frequency: int = 2,
@@ -118,9 +123,11 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 8192, min_frequency: int =
     if split == "words":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                              use_regex=False)])
+        pieces = [pre_tokenizers.Digits(individual_digits=True),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        if split == "lines":
+            pieces.insert(0, pre_tokenizers.Split(tokenizers.Regex(LINE_PIECES), behavior="isolated"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(pieces)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(special_tokens), show_progress=False,

@@ -63,7 +63,20 @@ def test_digits_split_merges_across_words_and_keeps_digits_apart(tok, tok_digits
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok_digits.encode(t) == [i]
     with pytest.raises(ValueError, match="split must be one of"):
-        train_bpe(CORPUS, vocab_size=600, split="lines")
+        train_bpe(CORPUS, vocab_size=600, split="sentences")
+
+
+def test_lines_split_tokenizes_a_copied_line_as_in_its_prompt():
+    line = "x = torch.relu(x @ x.T)"
+    corpus = CORPUS + ['{"content": "#include\\n    // ' + line + '\\n    y = 0.25f;"}'] * 30
+    tok = train_bpe(corpus, vocab_size=600, min_frequency=2, split="lines")
+    in_prompt = tok.encode("class Model(nn.Module):\n    def forward(self, x):\n        " + line + "\n")
+    in_json = tok.encode('{"content": "#include\\n        // ' + line + '\\n"}')
+    ids = tok.encode(line)
+    assert any(in_prompt[i:i + len(ids)] == ids for i in range(len(in_prompt)))
+    assert any(in_json[i:i + len(ids)] == ids for i in range(len(in_json)))
+    text = 'a\\n    // b = 12.5\n  c """d"""'
+    assert tok.decode(tok.encode(text)) == text
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,51 @@
+"""The offline stages' learning-rate plan (cuda_agent.stage_worker): fitted to the time budget at the measured
+step time, so a stage cut by its budget still ends annealed; a re-planned schedule keeps the optimiser state."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cuda_agent.stage_worker import REPLAN_EVERY, fitted_steps
+
+
+def test_plan_shrinks_to_the_budget_and_grows_back_to_the_stage_limit():
+    # 450 planned, 12 done at 1.5 s/step with 400 s left: 266 more fit
+    assert fitted_steps(12, 450, 450, 1.5, 400.0) == 12 + 266
+    # the machine got faster: the plan grows, never past the stage's own steps
+    assert fitted_steps(100, 278, 450, 0.5, 400.0) == 450
+    assert fitted_steps(100, 278, 450, 1.0, 250.0) == 350
+
+
+def test_plan_is_kept_when_close_or_nearly_done():
+    assert fitted_steps(50, 300, 450, 1.0, 255.0) is None  # 305 vs 300: within the tolerance
+    assert fitted_steps(300 - REPLAN_EVERY + 1, 300, 450, 1.0, 5.0) is None  # the plan ends within a check
+    assert fitted_steps(10, 300, 450, 1.0, -3.0) == 11  # budget already spent: one more step, the loop's guard ends it
+
+
+def test_replanned_schedule_keeps_the_optimiser_state_and_anneals():
+    from learner.config import OptimizerConfig
+    from learner.model import ModelConfig, Transformer
+    from learner.train_step import SequenceBatch, create_train_state, make_optimizer, sft_train_step
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
+                            intermediate_size=32, max_position_embeddings=64)
+    net = Transformer(cfg, nnx.Rngs(params=jax.random.key(0)))
+    opt = OptimizerConfig(lr=1e-2, warmup_steps=2, decay_steps=98, schedule="cosine", end_lr_ratio=0.1)
+    state = create_train_state(net, opt)
+    toks = jnp.asarray(np.random.default_rng(0).integers(0, 64, (1, 2, 16)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(16, dtype=jnp.int32), toks.shape)
+    batch = SequenceBatch(toks, pos, jnp.ones_like(toks), jnp.ones(toks.shape, jnp.float32))
+    for _ in range(3):
+        state, m = sft_train_step(state, batch)
+    tx, sched = make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=2, decay_steps=3, schedule="cosine",
+                                               end_lr_ratio=0.1))
+    state = state.replace(tx=tx, lr_schedule=sched)
+    for _ in range(2):
+        state, m = sft_train_step(state, batch)
+    assert int(state.step) == 5
+    assert float(m["sft/lr"]) == pytest.approx(1e-2 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 2 / 3))), rel=1e-4)
+    assert np.isfinite(float(m["sft/nll"]))
