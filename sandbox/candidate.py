@@ -218,8 +218,13 @@ class Worker:
             status = "runtime_error"
         return {"ok": False, "status": status, "error": err, "violations": violations or []}
 
+    def _launch_counts(self) -> dict[str, int]:
+        """Launches per kernel as the installed monitor counted them (sandbox.integrity: the solution cannot add to
+        them); sandbox.runtime's own dict when the monitor is off."""
+        return self.monitor.launches if getattr(self.monitor, "_installed", False) else self.runtime.launch_counts
+
     def _launch_total(self) -> int:
-        return sum(self.runtime.launch_counts.values())
+        return sum(self._launch_counts().values())
 
     def _integrity(self, full: bool = True) -> list[str]:
         """Violations of the in-process defences since the last look (as 'kind: detail' strings): what the monitor
@@ -375,7 +380,7 @@ class Worker:
         return v
 
     def _launches(self) -> dict[str, int]:
-        return dict(self.runtime.launch_counts)
+        return dict(self._launch_counts())
 
     def run(self, msg: dict) -> dict:
         from sandbox.integrity import python_threads_in_workspace

@@ -80,6 +80,7 @@ _CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 GUARD_EVENT = "cuda_agent.guarded"  # sys.audit(GUARD_EVENT, kind, detail, direct): a guarded function was called
 FETCH_EVENT = "cuda_agent.monitor"  # sys.audit(FETCH_EVENT, box): harness code asks for the installed monitor
 CALL_EVENT = "cuda_agent.call"  # sys.audit(CALL_EVENT, args, kwargs, box): a wrapper asks for its original's call
+LAUNCH_EVENT = "cuda_agent.launch"  # sys.audit(LAUNCH_EVENT, name): sandbox.runtime._count, one kernel launch
 # every event a rule of Monitor._judge looks at (the hook returns at once for the others)
 _RULED = frozenset({GUARD_EVENT, FETCH_EVENT, "sys._getframe", "sys._getframemodulename", "object.__getattr__",
                     "object.__setattr__", "object.__delattr__", "exec", "compile", "code.__new__", "function.__new__",
@@ -111,6 +112,14 @@ def _forwarding_glue(filename: str) -> bool:
     if filename.startswith("<"):
         return True
     return filename.startswith(_STDLIB) and "/site-packages/" not in filename and "/dist-packages/" not in filename
+
+
+def _launch_codes() -> tuple[Any, set[int]]:
+    """(code of sandbox.runtime._count, ids of the code objects of the launches that call it)."""
+    from sandbox import runtime
+
+    codes = {id(f.__code__) for f in (runtime.CpuKernel.__call__, runtime.CubinKernel.__call__)}
+    return runtime._count.__code__, codes
 
 
 def _trusted_exec_callers() -> dict[int, Any]:
@@ -145,6 +154,8 @@ class Monitor:
         self._originals: dict[int, tuple[Any, Any, str | None, str, bool]] = {}
         self._module_codes: dict[tuple, Any] = {}  # (path, size, mtime) -> the module code its source compiles to
         self._exec_callers = _trusted_exec_callers()
+        self.launches: dict[str, int] = {}  # kernel name -> launches, counted from LAUNCH_EVENT (see _count_launch)
+        self._count_code, self._launch_codes = _launch_codes()
         self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
         self._busy = False
         self._getframe = sys._getframe
@@ -236,6 +247,9 @@ class Monitor:
         if event == CALL_EVENT:
             self._call_original(args)
             return
+        if event == LAUNCH_EVENT:
+            self._count_launch(args)
+            return
         if event not in _RULED or self._busy:
             return
         if event == "object.__getattr__" and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
@@ -257,6 +271,25 @@ class Monitor:
         if verdict is not None:
             self.record(*verdict)
             raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
+
+    def _count_launch(self, args: tuple) -> None:
+        """LAUNCH_EVENT: counted only when raised by sandbox.runtime._count called from a kernel's launch (code
+        identity); from anywhere else it is a forged launch (the solution calling _count, or raising the event)."""
+        busy, self._busy = self._busy, True
+        try:
+            f = self._getframe(2)  # seen from here: 0 _count_launch, 1 _hook, 2 the frame raising the event
+            code = f.f_code if f is not None else None
+            caller = f.f_back if f is not None else None
+            ok = (code is not None and code is self._count_code and caller is not None
+                  and id(caller.f_code) in self._launch_codes)
+        finally:
+            self._busy = busy
+        if not ok:
+            self.record("harness_tampering", "a kernel launch was counted without a launch (the solution raised the "
+                                             "sandbox's launch event or called its counter)")
+            raise IntegrityError("a launch counted without a launch (forbidden in a solution)")
+        name = str(args[0]) if args else "?"
+        self.launches[name] = self.launches.get(name, 0) + 1
 
     def register(self, wrapper: Any, orig: Any, kind: str | None, detail: str, direct: bool) -> None:
         """Keep `orig` for the wrapper function (its own code object: see _wrap); kind None: no verdict here."""

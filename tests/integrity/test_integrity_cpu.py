@@ -31,6 +31,7 @@ FORBIDDEN = {
     "ctypes_private_helpers": "memory_read",
     "closure_original_numpy": "numpy_bridge",
     "forged_call_event": "harness_tampering",
+    "forged_launch_count": "harness_tampering",
     "global_flags": "global_state",
     "monkeypatch_torch": "monkeypatch",
     "patch_guard": "harness_tampering",
