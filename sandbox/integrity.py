@@ -338,11 +338,8 @@ class Monitor:
     def _harness_frame(self, f: Any) -> bool:
         """Whether frame f lies below every frame of the solution on the current stack (a frame of the harness that
         called it) while one is on the stack: no solution frame at f or older than f, one newer."""
-        g = f
-        while g is not None:
-            if self._is_candidate(g.f_code):
-                return False  # f is the solution's, or something it called
-            g = g.f_back
+        if self._candidate_from(f):
+            return False  # f is the solution's, or something it called
         return self._candidate_on_stack(4)  # seen from here: 0 helper, 1 this, 2 _judge, 3 _hook, 4 the asker
 
     def _lenient_load(self) -> bool:
