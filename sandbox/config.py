@@ -134,6 +134,16 @@ class SandboxConfig:
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
+    timing_gate: bool = True
+    """CUDA: hold the stream behind a waiting kernel while each timed call is enqueued (sandbox.timing_gate), so
+    the CUDA events measure the GPU's run of the call rather than the host's launch overhead; the same for eager,
+    torch.compile and the candidate. False: the events include the host's time to enqueue the call."""
+    timing_gate_timeout_ms: float = 50.0
+    """CUDA, gated: the longest a gate holds the stream; a call that synchronises while held waits this long, counts
+    its whole wall clock, and its implementation is timed ungated for the rest of the evaluation."""
+    timing_gate_host_allowance_ms: float = 0.1
+    """CUDA, gated: the host time per call inside the call (Python, launches) that is not counted; beyond it, host
+    time counts (host-side work hidden behind the gate gains at most this much per call)."""
     idle_cpu_limit_s: float = 0.1
     """CPU seconds (user + system, every thread and child) the candidate's process may use, summed over one
     evaluation, while it has no request to answer (between a reply and the next request, as the trusted side reads
@@ -204,6 +214,9 @@ class SandboxConfig:
             raise ValueError("SandboxConfig.min_rep_ms must be >= 0")
         if self.idle_cpu_limit_s < 0:
             raise ValueError(f"SandboxConfig.idle_cpu_limit_s must be >= 0 (0 = not checked), got {self.idle_cpu_limit_s}")
+        if not self.timing_gate_timeout_ms > 0 or not self.timing_gate_host_allowance_ms >= 0:
+            raise ValueError("SandboxConfig.timing_gate_timeout_ms must be > 0 and timing_gate_host_allowance_ms "
+                             ">= 0")
         if self.timing_slack_ms < 0 or not 0 <= self.timing_slack_rel < 1:
             raise ValueError("SandboxConfig.timing_slack_ms must be >= 0 and timing_slack_rel in [0, 1)")
 

@@ -81,6 +81,7 @@ from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
 from sandbox.timing import Timer, agrees_with_estimate, floor_by_estimate, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
+from sandbox.timing_gate import gate_cubin, load_gate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
@@ -271,6 +272,34 @@ class Zygote:
         self.log.close()
 
 
+_GATES: dict[str, Any] = {}
+
+
+def gate_setup(cfg: SandboxConfig, device: str) -> dict | None:
+    """The timing gate's part of a candidate's `setup` (cubin bytes and limits), or None: no gate (the CPU,
+    SandboxConfig.timing_gate off, or no nvcc)."""
+    if not (cfg.timing_gate and device.startswith("cuda")):
+        return None
+    from sandbox.build import detect_arch
+
+    cubin = gate_cubin(cfg.nvcc, detect_arch(cfg), cfg.cache_dir)
+    if cubin is None:
+        return None
+    return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": cfg.timing_gate_host_allowance_ms}
+
+
+def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any) -> Timer:
+    """A Timer for this (trusted) process: gated as the candidate's is (same gate policy for eager, torch.compile
+    and the candidate), the gate loaded once per device."""
+    gate = None
+    g = gate_setup(cfg, device) if cuda else None
+    if g is not None:
+        if device not in _GATES:
+            _GATES[device] = load_gate(g["cubin"], g["timeout_ms"], device)
+        gate = _GATES[device]
+    return Timer(cuda, flush, gate, cfg.timing_gate_host_allowance_ms)
+
+
 class CandidateProcess:
     """A candidate worker with request/reply over pipes, killed with its whole tree by `kill()`.
 
@@ -342,6 +371,7 @@ class CandidateProcess:
         return self.request({"op": "setup", "workspace": ws, "io": io, "format": fmt,
                              "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
+                             "gate": gate_setup(self.cfg, self.device),
                              "monitor": self.cfg.runtime_monitor,
                              "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
                             deadline_after_meanwhile=True)
@@ -721,7 +751,7 @@ class ProfilePlan:
 
     def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list]):
         self.flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
-        timer = Timer(cuda, self.flush)
+        timer = trusted_timer(cfg, cuda, device, self.flush)
 
         def eager(a: list) -> Any:
             with torch.no_grad():
@@ -730,7 +760,7 @@ class ProfilePlan:
             return out
 
         # eager's time per call: the median of single calls on up to 3 of the trials' sets
-        times = sorted(timer.run(eager, [x])["ms_per_call"] for x in xs_dev[:3])
+        times = sorted(timer.run(eager, [x], label="eager")["ms_per_call"] for x in xs_dev[:3])
         self.in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(xs_dev[0])) or 1
         self.calls = calls_per_rep(cfg, times[len(times) // 2], self.in_bytes)
         self.warmup: list[Future] = []
@@ -1158,7 +1188,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
     outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
-    timer = Timer(cuda, plan.flush)
+    timer = trusted_timer(cfg, cuda, device, plan.flush)
     rng = secrets.SystemRandom()
 
     def left() -> float:
@@ -1194,14 +1224,14 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         warm += _make_sets(state, cfg.warmup_calls - len(warm))
         warm_dev = [state.to_device(x) for x in warm]
         with pf.quiet():
-            timer.run(eager, warm_dev)
+            timer.run(eager, warm_dev, label="eager")
             if compiled is not None:
-                timer.run(comp, warm_dev)
+                timer.run(comp, warm_dev, label="compiled")
         _run(cand, {"op": "time", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
         del warm, warm_dev
     with pf.quiet():
-        one = timer.run(eager, [x0])["ms_per_call"]
+        one = timer.run(eager, [x0], label="eager")["ms_per_call"]
     calls = calls_per_rep(cfg, one, plan.in_bytes)
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
@@ -1233,11 +1263,11 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         for im in order:
             if im == "eager":
                 with pf.quiet():
-                    res = timer.run(eager, sets_dev, ref_outs.append)
+                    res = timer.run(eager, sets_dev, ref_outs.append, label="eager")
                 samples[im].append(res["ms_per_call"])
             elif im == "compiled":
                 with pf.quiet():
-                    samples[im].append(timer.run(comp, sets_dev)["ms_per_call"])
+                    samples[im].append(timer.run(comp, sets_dev, label="compiled")["ms_per_call"])
             else:
                 with pf.quiet():
                     te = time.perf_counter()
@@ -1263,7 +1293,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if not agrees_with_estimate(loop, wall, est, rtt):
                     disagreements += 1
                     ms = max(est, loop) / calls
-                elif cuda and (ev > loop + 0.1 or ev < 0.5 * loop - 0.05 * calls):
+                elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg)):
                     disagreements += 1
                     ms = loop / calls
                 samples[im].append(ms)
@@ -1309,6 +1339,18 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         speedup_eager=se, speedup_compile=sc, candidate_wall_ms=walls, baseline_policy="interleaved",
         milestone=level, milestone_reason=why,
     )
+
+
+def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig) -> float:
+    """The least a candidate's CUDA figure for a repetition (reply's event_ms) may claim against its own in-loop
+    wall clock (loop_ms) before the wall clock is used instead. Ungated, at least half of it; gated (the calls'
+    host time is outside the events, sandbox.timing.Timer.run), half of it less the host allowance and 50 us of
+    gate latency per call: a gated figure is the largest of the GPU's and the host's parts, so at least their
+    mean."""
+    gated = int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), (int, float)) else 0
+    if gated > 0:
+        return 0.5 * (loop_ms - gated * (cfg.timing_gate_host_allowance_ms + 0.05)) - 0.05 * calls
+    return 0.5 * loop_ms - 0.05 * calls
 
 
 def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,
