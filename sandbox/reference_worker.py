@@ -1237,6 +1237,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
     disagreements = 0
+    cand_gated = 0
     ratios: list[float] = []
     shortfalls: list[float] = []
     ests: list[float] = []
@@ -1281,6 +1282,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
                     msg = "timed calls launched none of the solution's kernels"
                     raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
+                cand_gated += int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), int) else 0
                 loop = float(reply.get("loop_ms", float("nan")))
                 ev = float(reply.get("event_ms", float("nan")))
                 if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
@@ -1308,6 +1310,10 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         msg = (f"the candidate's in-process timings cover a median {med_ratio:.0%} of the trusted wall clock around "
                f"its repetitions (median shortfall {med_short:.1f} ms, request round trip {rtt:.2f} ms)")
         raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("timer_tampering", msg)])
+    if timer.gate is not None and cand_gated == 0:
+        out["log"].append("profile: eager and torch.compile were timed behind the timing gate, the candidate without "
+                          "it (its gate did not load, or expired: a call that synchronises the device); its times "
+                          "include the host's time to enqueue each call")
     if disagreements:
         out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
                           "wall clock; the wall clock (less the request round trip) was used for those")

@@ -133,8 +133,9 @@ def test_every_cubin_demo_builds_with_nvcc(demos, tasks_by_id):
 @pytest.mark.gpu
 def test_every_cubin_demo_is_correct_on_the_gpu(demos, tasks_by_id):
     """On an H200: every cubin demo verified at the task's own size (GPU-sized tasks at full size). The demos are
-    built first on a thread pool (one nvcc per core) into the evaluator's build cache, so each evaluation's build
-    is a cache hit and the GPU part runs back to back."""
+    built first on a thread pool (one nvcc per core) into the evaluators' shared build cache, so each evaluation's
+    build is a cache hit; then 4 evaluators verify them side by side (no profiling here, so they may share the
+    GPU)."""
     import os
 
     from sandbox.build import build
@@ -145,21 +146,31 @@ def test_every_cubin_demo_is_correct_on_the_gpu(demos, tasks_by_id):
     root = Path(tempfile.mkdtemp(prefix="demo-gpu-"))
     cfg = SandboxConfig(backend="cuda", profile=False, use_compile=False, num_trials=2, cache_dir=str(root / "cache"))
     cubin = [d for d in demos if d.format == "cubin"]
-    failures = []
-    with Evaluator(cfg) as ev:
+    evs = [Evaluator(cfg) for _ in range(4)]
+    try:
         def prebuild(k_d) -> None:
             k, d = k_d
             ws = Workspace.create(root / f"ws{k}", tasks_by_id[d.task_id].reference, d.files, "cubin")
-            build(ws, "cubin", cfg, None, ev.arch)  # a failure shows again (with its log) in the evaluation
+            build(ws, "cubin", cfg, None, evs[0].arch)  # a failure shows again (with its log) in the evaluation
             ws.cleanup()
 
         with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
             list(pool.map(prebuild, enumerate(cubin)))
-        for d in cubin:
-            res = ev.evaluate(tasks_by_id[d.task_id], d.files, "cubin")
-            if res.status != "ok":
-                failures.append(f"{d.task_id}/{d.variant}: {res.status}: {res.message[:300]}")
-    assert not failures, "\n".join(failures)
+
+        def verify(k: int) -> list[str]:
+            bad = []
+            for d in cubin[k::len(evs)]:
+                res = evs[k].evaluate(tasks_by_id[d.task_id], d.files, "cubin")
+                if res.status != "ok":
+                    bad.append(f"{d.task_id}/{d.variant}: {res.status}: {res.message[:300]}")
+            return bad
+
+        with ThreadPoolExecutor(max_workers=len(evs)) as pool:
+            failures = [f for fs in pool.map(verify, range(len(evs))) for f in fs]
+    finally:
+        for ev in evs:
+            ev.close()
+    assert not failures, f"{len(failures)} of {len(cubin)} cubin demos failed:\n" + "\n".join(failures)
 
 
 def test_vector_math_matches_torch(tmp_path):
