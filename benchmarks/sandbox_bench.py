@@ -207,7 +207,8 @@ def bench_noise(evs: dict, fmt: str, n: int, batch: int) -> dict:
                      "cv_candidate_median": cv(row["cand"]), "cv_eager_median": cv(row["eager"]),
                      "cv_speedup": cv(row["speed"]), "speedup_eager": row["speed"],
                      "cv_compile_median": cv(row["comp"]) if all(c == c for c in row["comp"]) else None,
-                     "nvml_last": last[name].nvml, "log_last": last[name].log[-3:]}
+                     "nvml_last": last[name].nvml,
+                     "log_last": [x for x in last[name].log if "profile:" in x][-6:]}
     return out
 
 
@@ -306,6 +307,9 @@ def main() -> None:
             print(f"timing noise {name:8s} CV of the medians: candidate {z['cv_candidate_median']:.2%}, eager "
                   f"{z['cv_eager_median']:.2%}{ccs}, speed-up {z['cv_speedup']:.2%}; candidate median of medians "
                   f"{statistics.median(z['candidate_median_ms']):.4f} ms ({nz['n']} profiles, batch {nz['batch_size']})")
+            for line in z.get("log_last") or []:
+                if "host time" in line or "gate" in line:
+                    print(f"  {name}: {line[:200]}")
     for k in ("cubin_build", "extension_build", "e2e", "cuda_agent_flow", "noise"):
         if isinstance(res.get(k), dict) and "error" in res[k]:
             print(f"{k}: ERROR {res[k]['error'][:300]}")

@@ -75,7 +75,7 @@ import torch
 
 from sandbox import shm as shm_mod
 from sandbox import wire
-from sandbox.config import SandboxConfig
+from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import DEFAULT_HIDE, JailSpec, command_prefix, default_expose, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
@@ -275,7 +275,7 @@ class Zygote:
 _GATES: dict[str, Any] = {}
 
 
-def gate_setup(cfg: SandboxConfig, device: str) -> dict | None:
+def gate_setup(cfg: SandboxConfig, device: str, fmt: str = "cubin") -> dict | None:
     """The timing gate's part of a candidate's `setup` (cubin bytes and limits), or None: no gate (the CPU,
     SandboxConfig.timing_gate off, or no nvcc)."""
     if not (cfg.timing_gate and device.startswith("cuda")):
@@ -285,19 +285,20 @@ def gate_setup(cfg: SandboxConfig, device: str) -> dict | None:
     cubin = gate_cubin(cfg.nvcc, detect_arch(cfg), cfg.cache_dir)
     if cubin is None:
         return None
-    return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": cfg.timing_gate_host_allowance_ms}
+    return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": gate_allowance_ms(cfg, fmt)}
 
 
-def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any) -> Timer:
-    """A Timer for this (trusted) process: gated as the candidate's is (same gate policy for eager, torch.compile
-    and the candidate), the gate loaded once per device."""
+def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any, fmt: str = "cubin") -> Timer:
+    """A Timer for this (trusted) process: gated as the candidate's is (the same gate policy and host allowance for
+    eager, torch.compile and a solution of format `fmt`), the gate loaded once per device."""
     gate = None
     g = gate_setup(cfg, device) if cuda else None
     if g is not None:
-        if device not in _GATES:
-            _GATES[device] = load_gate(g["cubin"], g["timeout_ms"], device)
-        gate = _GATES[device]
-    return Timer(cuda, flush, gate, cfg.timing_gate_host_allowance_ms)
+        key = f"{device}/{g['timeout_ms']}"
+        if key not in _GATES:
+            _GATES[key] = load_gate(g["cubin"], g["timeout_ms"], device)
+        gate = _GATES[key]
+    return Timer(cuda, flush, gate, gate_allowance_ms(cfg, fmt))
 
 
 class CandidateProcess:
@@ -371,7 +372,7 @@ class CandidateProcess:
         return self.request({"op": "setup", "workspace": ws, "io": io, "format": fmt,
                              "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
-                             "gate": gate_setup(self.cfg, self.device),
+                             "gate": gate_setup(self.cfg, self.device, fmt),
                              "monitor": self.cfg.runtime_monitor,
                              "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
                             deadline_after_meanwhile=True)
@@ -1188,7 +1189,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
     outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
-    timer = trusted_timer(cfg, cuda, device, plan.flush)
+    timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
     rng = secrets.SystemRandom()
 
     def left() -> float:
@@ -1238,6 +1239,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     walls: list[float] = []
     disagreements = 0
     cand_gated = 0
+    cand_host: list[float] = []
     ratios: list[float] = []
     shortfalls: list[float] = []
     ests: list[float] = []
@@ -1283,6 +1285,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     msg = "timed calls launched none of the solution's kernels"
                     raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
                 cand_gated += int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), int) else 0
+                if isinstance(reply.get("host_ms"), float):
+                    cand_host.append(reply["host_ms"])
                 loop = float(reply.get("loop_ms", float("nan")))
                 ev = float(reply.get("event_ms", float("nan")))
                 if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
@@ -1295,7 +1299,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if not agrees_with_estimate(loop, wall, est, rtt):
                     disagreements += 1
                     ms = max(est, loop) / calls
-                elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg)):
+                elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg, fmt)):
                     disagreements += 1
                     ms = loop / calls
                 samples[im].append(ms)
@@ -1310,6 +1314,10 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         msg = (f"the candidate's in-process timings cover a median {med_ratio:.0%} of the trusted wall clock around "
                f"its repetitions (median shortfall {med_short:.1f} ms, request round trip {rtt:.2f} ms)")
         raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("timer_tampering", msg)])
+    if cand_gated and cand_host:
+        out["log"].append(f"profile: gated; the candidate's host time inside each call, median "
+                          f"{sorted(cand_host)[len(cand_host) // 2]:.3f} ms (allowance {timer.host_allowance_ms:g} ms, "
+                          f"gate latency {timer.gate_latency_ms:.3f} ms on the trusted side)")
     if timer.gate is not None and cand_gated == 0:
         out["log"].append("profile: eager and torch.compile were timed behind the timing gate, the candidate without "
                           "it (its gate did not load, or expired: a call that synchronises the device); its times "
@@ -1347,7 +1355,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     )
 
 
-def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig) -> float:
+def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig, fmt: str = "cubin") -> float:
     """The least a candidate's CUDA figure for a repetition (reply's event_ms) may claim against its own in-loop
     wall clock (loop_ms) before the wall clock is used instead. Ungated, at least half of it; gated (the calls'
     host time is outside the events, sandbox.timing.Timer.run), half of it less the host allowance and 50 us of
@@ -1355,7 +1363,7 @@ def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig) ->
     mean."""
     gated = int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), (int, float)) else 0
     if gated > 0:
-        return 0.5 * (loop_ms - gated * (cfg.timing_gate_host_allowance_ms + 0.05)) - 0.05 * calls
+        return 0.5 * (loop_ms - gated * (gate_allowance_ms(cfg, fmt) + 0.05)) - 0.05 * calls
     return 0.5 * loop_ms - 0.05 * calls
 
 

@@ -5,7 +5,10 @@ runs the call's Python (the dispatch guard, the launcher's checks, torch's dispa
 event interval measures host time as much as GPU time, and host time on a shared host is noisy. With it (NVBench's
 "blocking kernel", NVIDIA/nvbench, `blocking_kernel`): a one-thread kernel that spins on a word of host-mapped
 pinned memory is launched first, the start event, the call's work and the end event queue up behind it, and the host
-releases the gate once the call has returned; the events then bracket the GPU's own run of the call.
+releases the gate once the call has returned; the events then bracket the GPU's own run of the call. Unlike
+NVBench's one-thread kernel, the gate's blocks fill every SM's thread slots, so work the call puts on another stream
+cannot run while the host is still enqueueing (work done off the clock); it runs after the release, where the host's
+release-to-synchronised time counts it (sandbox.timing.Timer.run).
 
 The gate gives up by itself after `timeout_ms` (the GPU's %globaltimer), so a call that synchronises the device
 while the gate holds the stream (a `.item()`, a blocking copy) waits that long and no longer; the gate then marks
@@ -29,19 +32,37 @@ from pathlib import Path
 from typing import Any
 
 GATE_SOURCE = r"""
+// Block 0's first thread waits for the host's word `flag` to reach `want` (or for the timeout, which it records in
+// `expired`), then publishes `want` in the device word `release`; every other block's first thread waits for
+// `release`. The other threads wait at the barrier: the gate's blocks fill every SM's thread slots, so no kernel of
+// any stream runs while the gate is held.
 extern "C" __global__ void cuda_agent_timing_gate(const volatile unsigned int* flag, unsigned int want,
-                                                  unsigned long long timeout_ns, volatile unsigned int* expired) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while ((int)(*flag - want) < 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > timeout_ns) {
-            *expired = want;
-            __threadfence_system();
-            return;
+                                                  unsigned long long timeout_ns, volatile unsigned int* expired,
+                                                  volatile unsigned int* release) {
+    if (threadIdx.x == 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        if (blockIdx.x == 0) {
+            while ((int)(*flag - want) < 0) {
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                if (t - t0 > timeout_ns) {
+                    *expired = want;
+                    __threadfence_system();
+                    break;
+                }
+                __nanosleep(500);
+            }
+            *release = want;
+            __threadfence();
+        } else {
+            while ((int)(*release - want) < 0) {
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                if (t - t0 > timeout_ns + 1000000ull) break;  // block 0 never ran: give up 1 ms after it would have
+                __nanosleep(500);
+            }
         }
-        __nanosleep(500);
     }
+    __syncthreads();
 }
 """
 GATE_KERNEL = "cuda_agent_timing_gate"
@@ -100,6 +121,21 @@ class Gate:
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
         lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+        lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        lib.cuMemsetD32_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t]
+        lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+        cu_dev = ctypes.c_int()
+        drv.check(lib.cuDeviceGet(ctypes.byref(cu_dev), device_index), "cuDeviceGet")
+
+        def attr(a: int) -> int:
+            v = ctypes.c_int()
+            drv.check(lib.cuDeviceGetAttribute(ctypes.byref(v), a, cu_dev), "cuDeviceGetAttribute")
+            return v.value
+
+        # blocks of the largest size, as many per SM as fill its thread slots (H200: 132 SMs x 2 x 1024 threads)
+        self.threads = min(attr(1), 1024)  # MAX_THREADS_PER_BLOCK
+        self.blocks = attr(16) * max(1, attr(39) // self.threads)  # MULTIPROCESSOR_COUNT x (MAX_THREADS_PER_SM / .)
         self._cubin = bytes(cubin)  # the module image must stay alive while loaded
         mod = ctypes.c_void_p()
         drv.check(lib.cuModuleLoadData(ctypes.byref(mod), self._cubin), "cuModuleLoadData (timing gate)")
@@ -110,6 +146,9 @@ class Gate:
                   "cuMemHostAlloc (timing gate)")
         dev = ctypes.c_uint64()
         drv.check(lib.cuMemHostGetDevicePointer_v2(ctypes.byref(dev), host, 0), "cuMemHostGetDevicePointer")
+        rel = ctypes.c_uint64()
+        drv.check(lib.cuMemAlloc_v2(ctypes.byref(rel), 4), "cuMemAlloc (timing gate)")
+        drv.check(lib.cuMemsetD32_v2(rel.value, 0, 1), "cuMemsetD32 (timing gate)")
         self._flag = ctypes.c_uint32.from_address(host.value)
         self._expired = ctypes.c_uint32.from_address(host.value + 4)
         self._flag.value = 0
@@ -120,8 +159,9 @@ class Gate:
         self._a_want = ctypes.c_uint32(0)
         self._a_timeout = ctypes.c_uint64(int(max(timeout_ms, 0.001) * 1e6))
         self._a_expired = ctypes.c_uint64(dev.value + 4)
-        vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired]
-        self._params = (ctypes.c_void_p * 4)(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        self._a_release = ctypes.c_uint64(rel.value)
+        vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired, self._a_release]
+        self._params = (ctypes.c_void_p * 5)(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
         self._drv, self._lib, self._fn, self._mod = drv, lib, fn, mod
         self.timeout_ms = float(timeout_ms)
 
@@ -129,7 +169,8 @@ class Gate:
         """Launch the gate on `stream`: work queued on it after this waits until open() (or the timeout)."""
         self._count += 1
         self._a_want.value = self._count & 0xFFFFFFFF
-        self._drv.check(self._lib.cuLaunchKernel(self._fn, 1, 1, 1, 1, 1, 1, 0, stream, self._params, None),
+        self._drv.check(self._lib.cuLaunchKernel(self._fn, self.blocks, 1, 1, self.threads, 1, 1, 0, stream,
+                                                 self._params, None),
                         "launch of the timing gate")
 
     def open(self) -> None:

@@ -80,6 +80,7 @@ def test_gate_keeps_host_time_out_of_the_events(tmp_path):
             pass
         return a * 2.0
 
+    timer.run(call, [x] * 2, label="w")  # warm-up: the first launch of a kernel loads it (lazy loading waits)
     g = timer.run(call, [x] * 5, label="t")
     u = plain.run(call, [x] * 5, label="t")
     assert g["gated"] == 5 and g["gate_expired"] == 0
@@ -103,9 +104,9 @@ def test_gate_expires_when_the_call_synchronises_and_falls_back(tmp_path):
         return y
 
     r = timer.run(syncing, [x] * 3, label="s")
-    assert r["gate_expired"] == 1 and r["gated"] == 0, r
+    assert r["gate_expired"] == 2 and r["gated"] == 0, r  # two strikes, then the third call ungated
     assert "s" in timer.ungated
-    assert r["ms_per_call"] >= 20.0 / 3  # the expired call counts its whole wall clock
+    assert r["ms_per_call"] >= 2 * 20.0 / 3  # the expired calls count their whole wall clock
     again = timer.run(syncing, [x] * 3, label="s")
     assert again["gated"] == 0 and again["gate_expired"] == 0 and again["ms_per_call"] < 5.0, again
 
@@ -131,6 +132,8 @@ def test_gate_counts_side_stream_work_that_outlasts_the_end_event(tmp_path):
             y = y * 1.0001
         return y
 
+    timer.run(on_side, [x], label="w1")  # warm-up (lazy kernel loading)
+    timer.run(on_current, [x], label="w2")
     s = timer.run(on_side, [x] * 3, label="side")
     c = timer.run(on_current, [x] * 3, label="cur")
     assert s["gated"] == 3 and c["gated"] == 3
