@@ -13,7 +13,8 @@ Two variants of different speed (sandbox/FORMATS.md for the formats):
 
 Both include the sandbox's helper header (`#include "cuda_agent.h"`, sandbox/include: the scalar activations,
 `block_reduce` under nvcc, the branch-free vectorisable math on the cpu) rather than carrying a prelude of their
-own; the naive cpu kernels keep libm's math (`#define CA_LIBM_MATH` before the include).
+own; the naive cpu kernels keep libm's math (`#define CA_LIBM_MATH` before the include). model_new.py takes the
+shape helpers `bcast` and `row_geometry` from sandbox.runtime.
 
 `render(program, fmt, variant)` returns the solution's files: `model_new.py` and one kernel file.
 """
@@ -118,7 +119,7 @@ class _Scope:
         out = list(self.inputs)
         for p in self.params:
             par = self.prog.params[p]
-            out += [par.expr, f"*_bcast({par.expr}, {ref}, {par.axis!r})"]
+            out += [par.expr, _bcast_call(par.expr, ref, par.axis)]
         return out + [self.prog.floats[f] for f in self.floats]
 
 
@@ -186,59 +187,37 @@ def _value_fn(fmt: str, name: str, prog: Program, steps: list[Step], want: str, 
 
 # ------------------------------------------------------------------------------------------------ model_new.py
 
-_PY_HEAD = '''import torch
+_PY_HEAD = """import torch
 import torch.nn as nn
 
-from sandbox.runtime import load_kernels
+from sandbox.runtime import {imports}
 
 K = load_kernels()
+"""
 
 
-def _bcast(p, x, axis=None):
-    """(count, inner) such that element i of x reads p[(i // inner) % count].
-
-    axis None: torch broadcasting (p's shape aligned to the right of x's); an int: p runs along that axis of x.
-    """
-    if p.numel() == 1:
-        return 1, 1
-    if axis is None:
-        axis = x.dim() - p.dim()
-    inner = 1
-    for s in x.shape[axis + 1:]:
-        inner *= s
-    return x.shape[axis], inner
-'''
-
-_PY_ROW = '''
-
-def _row_geometry(shape, mode, d, keepdim, reduces):
-    """(outer, cols, inner, out_shape) of a row operation over axis d ("axis"), axes d.. ("from") or the last."""
-    nd = len(shape)
-    k = nd - 1 if mode == "last" else (d if d >= 0 else nd + d)
-    outer = 1
-    for s in shape[:k]:
-        outer *= s
-    if mode == "axis":
-        cols, inner = shape[k], 1
-        for s in shape[k + 1:]:
-            inner *= s
-        rest = list(shape[k + 1:])
-        out = list(shape[:k]) + ([1] if keepdim else []) + rest
-    else:
-        cols, inner = 1, 1
-        for s in shape[k:]:
-            cols *= s
-        out = list(shape[:k]) + ([1] * (nd - k) if keepdim else [])
-    return outer, cols, inner, (out if reduces else list(shape))
-'''
+def _bcast_call(expr: str, ref: str, axis: int | None) -> str:
+    """The `p_count, p_inner` launch arguments of a parameter broadcast over `ref` (sandbox.runtime.bcast)."""
+    return f"*bcast({expr}, {ref}" + (f", {axis})" if axis is not None else ")")
 
 
-def _py_model(prog: Program, forward_body: list[str], extra: str = "") -> str:
+def _row_dim(core: RowOp) -> str:
+    """The `dim` argument of sandbox.runtime.row_geometry for the row op's axes."""
+    if core.axis[0] == "last":
+        return "-1"
+    if core.axis[0] == "axis":
+        return str(core.axis[1])
+    return f"({core.axis[1]}, -1)"
+
+
+def _py_model(prog: Program, forward_body: list[str]) -> str:
     init = prog.init_source.replace("def __init__", "def __init__", 1)
     args = ", ".join(["self"] + prog.inputs)
     body = [f"{n} = {n}.contiguous()" for n in prog.inputs] + forward_body
-    return (_PY_HEAD + extra + "\n\nclass ModelNew(nn.Module):\n" + textwrap.indent(init, "    ") + "\n\n"
-            + f"    def forward({args}):\n" + textwrap.indent("\n".join(body), "        ") + "\n")
+    used = "\n".join(body)
+    imports = ", ".join(n for n in ("bcast", "load_kernels", "row_geometry") if n == "load_kernels" or f"{n}(" in used)
+    return (_PY_HEAD.format(imports=imports) + "\n\nclass ModelNew(nn.Module):\n" + textwrap.indent(init, "    ")
+            + "\n\n" + f"    def forward({args}):\n" + textwrap.indent("\n".join(body), "        ") + "\n")
 
 
 def _launch(fmt: str, name: str, args: list[str], grid: str | None = None, block: str = "256") -> str:
@@ -269,7 +248,6 @@ def _fused(prog: Program, fmt: str) -> dict[str, str]:
     cu = fmt == "cubin"
     src: list[str] = [_prelude(fmt, vector_math=True)]
     py: list[str] = []
-    extra_py = ""
     if core is None:
         one_param = fmt == "cpu" and len({u for st in prog.prologue for u in st.uses if u in prog.params}) == 1
         fn, scope = _value_fn(fmt, "pro", prog, prog.prologue, prog.result, "prologue", None, pidx=one_param)
@@ -308,14 +286,13 @@ if (inn == 1) {{
                _launch(fmt, "fused_forward", scope.py_args(ref) + ["out", "n"], "min((n + 255) // 256, 65535)"),
                "return out"]
     elif isinstance(core, RowOp):
-        extra_py = _PY_ROW
         fn, pscope = _value_fn(fmt, "pro", prog, prog.prologue, core.source, "prologue", None)
         efn, escope = _value_fn(fmt, "epi", prog, prog.epilogue, prog.result, "epilogue", core.target)
         src += [fn, efn]
         src.append(_row_kernel_fused(fmt, core, pscope, escope))
         reduces = core.kind not in ("softmax", "log_softmax", "softmin", "normalize", "layer_norm", "rms_norm")
-        mode, d = (core.axis[0], core.axis[1] if len(core.axis) > 1 else -1)
-        py += [f"outer, cols, inner, out_shape = _row_geometry({ref}.shape, {mode!r}, {d}, {core.keepdim}, {reduces})",
+        py += [f"outer, cols, inner, out_shape = row_geometry({ref}.shape, {_row_dim(core)}, {core.keepdim}, "
+               f"{reduces})",
                f"out = torch.empty(out_shape, dtype={ref}.dtype, device={ref}.device)"]
         aff = [a for a in (core.weight, core.bias) if a]
         args = pscope.py_args(ref) + escope.py_args("out") + aff + ["out", "outer", "cols", "inner"]
@@ -330,7 +307,7 @@ if (inn == 1) {{
     else:
         assert isinstance(core, Gemm)
         py += _gemm_fused(prog, core, fmt, src)
-    return {"model_new.py": _py_model(prog, py, extra_py), f"kernels/fused.{'cu' if cu else 'cpp'}": "\n".join(src)}
+    return {"model_new.py": _py_model(prog, py), f"kernels/fused.{'cu' if cu else 'cpp'}": "\n".join(src)}
 
 
 def _affine_args(core: RowOp) -> list[str]:
@@ -584,7 +561,6 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     py: list[str] = []
     env: dict[str, str] = {n: n for n in prog.inputs}  # python name -> tensor variable
     ref = _shape_ref(prog)
-    extra_py = ""
     counter = [0]
 
     def step_kernels(steps: list[Step], phase: str, ref_var: str) -> None:
@@ -609,7 +585,7 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
             pyargs = [env[u] for u in arrays]
             for p in params:
                 par = prog.params[p]
-                pyargs += [par.expr, f"*_bcast({par.expr}, {ref_var}, {par.axis!r})"]
+                pyargs += [par.expr, _bcast_call(par.expr, ref_var, par.axis)]
             pyargs += [prog.floats[f] for f in floats]
             py.append(f"{out_var} = torch.empty_like({ref_var})")
             py.append(_launch(fmt, f"step{k}", pyargs + [out_var, f"{out_var}.numel()"],
@@ -619,7 +595,6 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     step_kernels(prog.prologue, "prologue", ref)
     core = prog.core
     if isinstance(core, RowOp):
-        extra_py = _PY_ROW
         passes, red, elem, post = _row_final(core)
         cargs = ["const float* __restrict__ s_in"] + _affine_args(core) + [
             "float* __restrict__ out", "long long outer", "long long cols", "long long inner"]
@@ -643,9 +618,8 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
         text = head + "\n".join(body) + ("" if cu else "\n}")
         src.append(_kernel_decl(fmt, "row_naive", cargs) + " {\n" + textwrap.indent(text, "    ") + "\n}\n")
         reduces = red is not None
-        mode, d = (core.axis[0], core.axis[1] if len(core.axis) > 1 else -1)
         s = env[core.source]
-        py += [f"outer, cols, inner, out_shape = _row_geometry({s}.shape, {mode!r}, {d}, {core.keepdim}, {reduces})",
+        py += [f"outer, cols, inner, out_shape = row_geometry({s}.shape, {_row_dim(core)}, {core.keepdim}, {reduces})",
                f"r_out = torch.empty(out_shape, dtype={s}.dtype, device={s}.device)",
                _launch(fmt, "row_naive", [s] + [a for a in (core.weight, core.bias) if a]
                        + ["r_out", "outer", "cols", "inner"], "(outer * inner + 127) // 128", "128")]
@@ -685,7 +659,7 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     if core is not None:
         step_kernels(prog.epilogue, "epilogue", env[core.target])
     py.append(f"return {env[prog.result]}")
-    return {"model_new.py": _py_model(prog, py, extra_py), f"kernels/naive.{'cu' if cu else 'cpp'}": "\n".join(src)}
+    return {"model_new.py": _py_model(prog, py), f"kernels/naive.{'cu' if cu else 'cpp'}": "\n".join(src)}
 
 
 def render(prog: Program, fmt: str, variant: str) -> dict[str, str]:
