@@ -138,6 +138,10 @@ class SandboxConfig:
     """CUDA: hold the stream behind a waiting kernel while each timed call is enqueued (sandbox.timing_gate), so
     the CUDA events measure the GPU's run of the call rather than the host's launch overhead; the same for eager,
     torch.compile and the candidate. False: the events include the host's time to enqueue the call."""
+    timing_gate_extension: bool = False
+    """CUDA: gate the extension format too (its baselines then as well). Off by default: its C++ host code could
+    compute on the CPU behind the gate (bounded by timing_gate_native_host_allowance_ms), and the gated extension
+    path has not yet run on an H200; the extension format is timed ungated, baselines included."""
     timing_gate_timeout_ms: float = 20.0
     """CUDA, gated: the longest a gate holds the stream; a call that synchronises while held waits this long and
     counts its whole wall clock; an implementation whose gate expired twice is timed ungated for the rest of the
@@ -150,8 +154,8 @@ class SandboxConfig:
     (reference_worker._event_floor): a solution that defeated the in-process timer could claim at most about 2x
     plus this much per call."""
     timing_gate_native_host_allowance_ms: float = 0.1
-    """CUDA, gated, extension format: as timing_gate_host_allowance_ms, smaller, since the solution's C++ host code
-    could compute on the CPU while the gate holds the GPU."""
+    """CUDA, gated, extension format (timing_gate_extension): as timing_gate_host_allowance_ms, smaller, since the
+    solution's C++ host code could compute on the CPU while the gate holds the GPU."""
     idle_cpu_limit_s: float = 0.1
     """CPU seconds (user + system, every thread and child) the candidate's process may use, summed over one
     evaluation, while it has no request to answer (between a reply and the next request, as the trusted side reads

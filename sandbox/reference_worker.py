@@ -277,8 +277,8 @@ _GATES: dict[str, Any] = {}
 
 def gate_setup(cfg: SandboxConfig, device: str, fmt: str = "cubin") -> dict | None:
     """The timing gate's part of a candidate's `setup` (cubin bytes and limits), or None: no gate (the CPU,
-    SandboxConfig.timing_gate off, or no nvcc)."""
-    if not (cfg.timing_gate and device.startswith("cuda")):
+    SandboxConfig.timing_gate off, the extension format without timing_gate_extension, or no nvcc)."""
+    if not (cfg.timing_gate and device.startswith("cuda")) or (fmt == "extension" and not cfg.timing_gate_extension):
         return None
     from sandbox.build import detect_arch
 
@@ -292,7 +292,7 @@ def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any, fmt: 
     """A Timer for this (trusted) process: gated as the candidate's is (the same gate policy and host allowance for
     eager, torch.compile and a solution of format `fmt`), the gate loaded once per device."""
     gate = None
-    g = gate_setup(cfg, device) if cuda else None
+    g = gate_setup(cfg, device, fmt) if cuda else None
     if g is not None:
         key = f"{device}/{g['timeout_ms']}"
         if key not in _GATES:

@@ -41,6 +41,8 @@ def test_gate_config_is_validated():
 def test_no_gate_on_the_cpu_or_when_switched_off(tmp_path):
     assert gate_setup(SandboxConfig(cache_dir=str(tmp_path)), "cpu") is None
     assert gate_setup(SandboxConfig(cache_dir=str(tmp_path), timing_gate=False), "cuda:0") is None
+    # the extension format is timed ungated (baselines too) unless asked for
+    assert gate_setup(SandboxConfig(cache_dir=str(tmp_path)), "cuda:0", "extension") is None
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
