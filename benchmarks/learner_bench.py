@@ -222,7 +222,7 @@ def actor_main(endpoint: str, last_version: int) -> None:
                 f.recycle(upd)
 
 
-def bench_publish(smoke: bool, versions: int, dtype: str | None) -> dict:
+def bench_publish(smoke: bool, versions: int, dtype: str | None, io_threads: int = 4) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -235,7 +235,7 @@ def bench_publish(smoke: bool, versions: int, dtype: str | None) -> dict:
     from flax import nnx
 
     params = nnx.state(policy_model, nnx.Param)
-    pub = WeightsPublisher("tcp://127.0.0.1:*", publisher_id="bench").start()
+    pub = WeightsPublisher("tcp://127.0.0.1:*", publisher_id="bench", io_threads=io_threads).start()
     apub = AsyncWeightPublisher(pub, dtype=dtype)
     apub.submit(0, params)
     apub.wait()
@@ -282,7 +282,8 @@ def bench_publish(smoke: bool, versions: int, dtype: str | None) -> dict:
     pub.close()
     total_bytes = sum(int(x.size) * (2 if dtype == "bfloat16" else x.dtype.itemsize)
                       for x in param_tensors(params).values())
-    return {"versions": rows, "bytes": total_bytes, "dtype": dtype or "float32", "actors": 4}
+    return {"versions": rows, "bytes": total_bytes, "dtype": dtype or "float32", "actors": 4,
+            "io_threads": io_threads}
 
 
 # ------------------------------------------------------------------------------------------------ xaccel
@@ -403,14 +404,15 @@ def table(res: dict) -> str:
                          f"{100 * u['mfu_measured_ceiling']:.1f}% | {u['update_s']:.3f} | {u['first_call_s']:.1f} | "
                          f"{peak / 2**30 if peak else float('nan'):.2f} |")
         lines.append("")
-    if "publish" in res:
-        p = res["publish"]
-        lines += [f"publish: {p['bytes'] / 2**20:.1f} MiB ({p['dtype']}) to {p['actors']} actor processes",
+    for p in res.get("publish", []):
+        lines += [f"publish: {p['bytes'] / 2**20:.1f} MiB ({p['dtype']}) to {p['actors']} actor processes, "
+                  f"{p['io_threads']} ZeroMQ I/O threads",
                   "| version | loop blocked s | all actors hold it s | first actor s | d2h s | publish s |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for r in p["versions"]:
             lines.append(f"| {r['version']} | {r['blocked_s']:.4f} | {r['all_actors_s']:.3f} | {r['first_actor_s']:.3f} | "
                          f"{r['d2h_s']:.3f} | {r['publish_s']:.3f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -425,6 +427,8 @@ def main() -> None:
                          "rematerialisation), measured one after another in this run")
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--publish-dtype", default="bfloat16")
+    ap.add_argument("--io-threads", default="4", help="publish section: comma-separated ZeroMQ I/O thread counts of "
+                    "the publisher, measured one after another in this run (e.g. 1,4)")
     ap.add_argument("--from", dest="src", default=None, help="xaccel_restore: the OUT folder of an xaccel_save run")
     ap.add_argument("--actor", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--last-version", type=int, default=0, help=argparse.SUPPRESS)
@@ -441,7 +445,8 @@ def main() -> None:
     if "update" in sections:
         res["update"] = bench_update_variants(args.smoke, args.reps, parse_variants(args.variants))
     if "publish" in sections:
-        res["publish"] = bench_publish(args.smoke, args.versions, args.publish_dtype or None)
+        res["publish"] = [bench_publish(args.smoke, args.versions, args.publish_dtype or None, int(n))
+                          for n in args.io_threads.split(",") if n]
     if "xaccel_save" in sections:
         res["xaccel_save"] = bench_xaccel_save(out)
     if "xaccel_restore" in sections:

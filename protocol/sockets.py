@@ -186,8 +186,8 @@ class RouterServer(ClosesOnExit):
     """
 
     def _bind_router(self, endpoint: str, *, limits: Limits, curve: CurveServer | None, sndhwm: int,
-                     rcvhwm: int) -> None:
-        self._ctx = zmq.Context()
+                     rcvhwm: int, io_threads: int = 1) -> None:
+        self._ctx = zmq.Context(io_threads=max(1, io_threads))
         self._auth = curve.start_authenticator(self._ctx) if curve else None
         self._sock = make_socket(self._ctx, zmq.ROUTER, limits=limits, curve=curve, sndhwm=sndhwm, rcvhwm=rcvhwm)
         self._sock.bind(endpoint)

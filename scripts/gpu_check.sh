@@ -56,7 +56,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --ext-builds 2 --evals 8 --sections build,e2e ;;
     noise)   run_bench noise 220 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_noise" --sections noise ;;
     learner) run_bench learner 300 python3 benchmarks/learner_bench.py --out "$out/learner" \
-               --sections update,publish --versions 3 --reps 3 --variants mb1:remat,mb2:remat,mb1:noremat ;;
+               --sections update,publish --versions 3 --reps 3 --variants mb1:remat,mb2:remat,mb1:noremat \
+               --io-threads 1,4 ;;
     xaccel)  run_bench xaccel 60 python3 benchmarks/learner_bench.py --out "$out/learner_x" --sections xaccel_save
              tar -C "$out/learner_x" -czf "$out/xaccel.tar.gz" xaccel 2>/dev/null && rm -rf "$out/learner_x/xaccel" ;;
     actor)   run_bench actor 270 python3 benchmarks/actor_bench.py --out "$out/actor" --warmup-budget-s 70 \
