@@ -7,7 +7,7 @@ its trusted worker, reference cache and zygote warm, as in service); evaluations
 by task, so load on the host hits both alike. Per task: the median end-to-end time of `--evals` evaluations of
 the task's `fast` solution (build cached after the first), its verify and profile stages, and the ratio.
 
-    .venv/bin/python benchmarks/integrity_bench.py [--base REV] [--evals 3] [--tasks a,b] [--compile]
+    .venv/bin/python benchmarks/integrity_bench.py [--base REV] [--evals 3] [--tasks a,b] [--compile] [--format cubin]
         [--with-config '{"fresh_calls_per_rep_max": 4}'] [--json raw.json]
 
 Prints a table; record the figures in benchmarks/RESULTS.md (date, machine, command). --with-config sets
@@ -45,6 +45,7 @@ from sandbox.evaluator import Evaluator
 from sandbox.files import load_solution, load_task
 cfg = json.loads(sys.argv[1])
 corpus = Path(sys.argv[2])
+fmt = sys.argv[3]
 ev = Evaluator(SandboxConfig(**cfg))
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -52,7 +53,7 @@ for line in sys.stdin:
     if not task:
         break
     t0 = time.perf_counter()
-    r = ev.evaluate(load_task(corpus / task), load_solution(corpus / task / "cpu" / "fast"), "cpu")
+    r = ev.evaluate(load_task(corpus / task), load_solution(corpus / task / fmt / "fast"), fmt)
     wall = (time.perf_counter() - t0) * 1e3
     se = r.timing.speedup_eager if r.timing is not None else None
     print(json.dumps({"status": r.status, "reward": r.reward, "wall_ms": wall, "stage_ms": r.stage_ms,
@@ -70,10 +71,10 @@ def _extract(rev: str, dest: Path) -> None:
 
 
 class Side:
-    def __init__(self, name: str, root: Path, cfg: dict, tmp: Path):
+    def __init__(self, name: str, root: Path, cfg: dict, tmp: Path, fmt: str):
         env = dict(os.environ, PYTHONPATH=str(root))
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg), str(CORPUS)], cwd=str(tmp),
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg), str(CORPUS), fmt], cwd=str(tmp),
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert json.loads(self.proc.stdout.readline())["ready"]
 
@@ -98,6 +99,8 @@ def main() -> None:
     ap.add_argument("--tasks", default="", help="comma-separated corpus tasks (default: all)")
     ap.add_argument("--compile", action="store_true", help="time the torch.compile baseline too (slow first call)")
     ap.add_argument("--json", default="", help="also write the raw figures here")
+    ap.add_argument("--format", default="cpu", choices=("cpu", "cubin"),
+                    help="the corpus's solutions to evaluate: cpu (cpu backend) or cubin (cuda backend, a GPU host)")
     ap.add_argument("--with-config", default="{}", help="JSON of SandboxConfig fields for the 'with' side only")
     a = ap.parse_args()
     tasks = a.tasks.split(",") if a.tasks else sorted(p.name for p in CORPUS.iterdir() if (p / "model.py").exists())
@@ -105,10 +108,10 @@ def main() -> None:
     base_root = tmp / "base"
     base_root.mkdir()
     _extract(a.base, base_root)
-    common = dict(backend="cpu", use_compile=a.compile, isolation="auto")
-    sides = [Side("without", base_root, {**common, "cache_dir": str(tmp / "c0"), "work_root": str(tmp / "w0")}, tmp),
+    common = dict(backend="cpu" if a.format == "cpu" else "cuda", use_compile=a.compile, isolation="auto")
+    sides = [Side("without", base_root, {**common, "cache_dir": str(tmp / "c0"), "work_root": str(tmp / "w0")}, tmp, a.format),
              Side("with", REPO, {**common, **json.loads(a.with_config), "cache_dir": str(tmp / "c1"),
-                                 "work_root": str(tmp / "w1")}, tmp)]
+                                 "work_root": str(tmp / "w1")}, tmp, a.format)]
     raw: dict[str, dict[str, list[dict]]] = {t: {s.name: [] for s in sides} for t in tasks}
     try:
         for t in tasks:
@@ -124,7 +127,7 @@ def main() -> None:
     finally:
         for s in sides:
             s.close()
-    table = Table(title=f"evaluation time, honest cpu corpus (fast solutions), median of {a.evals}")
+    table = Table(title=f"evaluation time, honest {a.format} corpus (fast solutions), median of {a.evals}")
     for col in ("task", "without ms", "with ms", "ratio", "verify without/with ms", "profile without/with ms"):
         table.add_column(col, justify="right")
     ratios = []
