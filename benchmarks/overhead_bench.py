@@ -1,4 +1,4 @@
-"""Host overhead of one timed candidate call (cpu format), with the in-process defences on and off, by part.
+"""Host overhead of one timed candidate call (cpu or cubin format), with the in-process defences on and off, by part.
 
 A trivial cpu-format solution (one `add_one` kernel over a float32 tensor of --numel elements, launched through
 `sandbox.runtime` the way the corpus solutions do) is built once; then one child process per side builds a real
@@ -33,6 +33,11 @@ into a folder), side by side, for before / after figures in one run; the solutio
 checkout. Children of every tree and side alternate, --repeat times each, and each figure is the best of them:
 on a shared host the load moves a single child's figures by 2-4x.
 
+--format cubin (a CUDA host) builds the same kernel as a `__global__` cubin entry point launched on torch's
+stream, runs the Worker on cuda:0 with the timing gate (as an evaluation sets it up), and adds the row "timed
+call, host part" (the host's time inside each gated call, median: what the gate's host allowance is compared
+with); "kernel (raw ctypes)" is not measured there.
+
 Prints a table; record the figures in benchmarks/RESULTS.md (date, machine, load average, command).
 """
 
@@ -52,6 +57,12 @@ TREE = Path(os.environ.get("OVERHEAD_BENCH_TREE") or REPO)  # the sandbox the ch
 KERNEL = r"""
 extern "C" void add_one(const float* x, float* out, long long n) {
     for (long long i = 0; i < n; ++i) out[i] = x[i] + 1.0f;
+}
+"""
+KERNEL_CUBIN = r"""
+extern "C" __global__ void add_one(const float* x, float* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] + 1.0f;
 }
 """
 MODEL_NEW = """import torch
@@ -91,19 +102,27 @@ def get_init_inputs():
 
 ROWS = ["kernel (raw ctypes)", "launcher", "forward (bare)", "guard enter/exit", "no_grad enter/exit",
         "guard+no_grad+forward", "Worker._call", "Worker._after_call", "timed region", "time request / call",
-        "audit hook, unruled", "audit hook, GUARD_EVENT", "integrity, quick", "integrity, full"]
+        "audit hook, unruled", "audit hook, GUARD_EVENT", "integrity, quick", "integrity, full",
+        "timed call, host part"]
 
 
-def build_solution(tmp: Path) -> tuple[str, str]:
-    """Lay out and build the trivial solution; returns (workspace path, manifest path)."""
+def build_solution(tmp: Path, fmt: str = "cpu") -> tuple[str, str]:
+    """Lay out and build the trivial solution in format fmt ("cpu" or "cubin"); returns (workspace path, manifest
+    path)."""
     sys.path.insert(0, str(REPO))
     from sandbox.build import build, detect_arch
     from sandbox.config import SandboxConfig
     from sandbox.workspace import Workspace
 
-    cfg = SandboxConfig(backend="cpu", cache_dir=str(tmp / "cache"), work_root=str(tmp / "ws"))
-    ws = Workspace.create(tmp / "ws", REFERENCE, {"model_new.py": MODEL_NEW, "kernels/add_one.cpp": KERNEL}, "cpu")
-    res = build(ws, "cpu", cfg, None, detect_arch(cfg))
+    cfg = SandboxConfig(backend="cpu" if fmt == "cpu" else "cuda", cache_dir=str(tmp / "cache"),
+                        work_root=str(tmp / "ws"))
+    files = ({"model_new.py": MODEL_NEW, "kernels/add_one.cpp": KERNEL} if fmt == "cpu" else
+             {"model_new.py": MODEL_NEW.replace("K.add_one(x, out, x.numel())",
+                                                "K.add_one(x, out, x.numel(), grid=((x.numel() + 255) // 256,), "
+                                                "block=(256,))"),
+              "kernels/add_one.cu": KERNEL_CUBIN})
+    ws = Workspace.create(tmp / "ws", REFERENCE, files, fmt)
+    res = build(ws, fmt, cfg, None, detect_arch(cfg))
     if not res.ok:
         raise SystemExit(f"build failed: {res.log}")
     return str(ws.path), res.manifest_path
@@ -133,8 +152,9 @@ def per_call_us(fn, iters: int, rounds: int) -> float:
     return _median(out)
 
 
-def _worker(ws: str, manifest: str, monitor: bool):
-    """A loaded Worker in this process, set up as sandbox.candidate.serve does (minus the jail)."""
+def _worker(ws: str, manifest: str, monitor: bool, fmt: str = "cpu"):
+    """A loaded Worker in this process, set up as sandbox.candidate.serve does (minus the jail); cubin: on cuda:0
+    with the timing gate of an evaluation's setup."""
     os.environ["CUDA_AGENT_KERNELS_MANIFEST"] = manifest
     sys.path.insert(0, str(TREE))
     from sandbox import candidate, wire
@@ -142,14 +162,26 @@ def _worker(ws: str, manifest: str, monitor: bool):
     candidate.preload(1)
     os.chdir(ws)
     sys.path.insert(0, ws)
-    w = candidate.Worker(ws, "cpu", "cpu", 0, monitor, None, ws + ".io")
+    if fmt == "cubin":
+        import torch
+
+        from sandbox.config import SandboxConfig
+        from sandbox.reference_worker import gate_setup
+
+        torch.cuda.set_device(0)
+        cfg = SandboxConfig(backend="cuda", cache_dir=ws + ".cache")
+        w = candidate.Worker(ws, "cuda:0", "cubin", cfg.l2_flush_bytes, monitor, None, ws + ".io",
+                             gate_setup(cfg, "cuda:0", "cubin"))
+    else:
+        w = candidate.Worker(ws, "cpu", "cpu", 0, monitor, None, ws + ".io")
     r = w.load({"init_inputs": wire.encode_value([]), "state_dict": wire.encode_value({})})
     if not r.get("ok"):
         raise SystemExit(f"load failed: {r}")
     return w
 
 
-def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, rounds: int, calls: int) -> dict:
+def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, rounds: int, calls: int,
+                fmt: str = "cpu") -> dict:
     """Every row of ROWS, µs per call, in a fresh Worker with the monitor on or off."""
     import sys as _sys
     import time
@@ -159,15 +191,24 @@ def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, r
     from sandbox import wire
     from sandbox.integrity import GUARD_EVENT
 
-    w = _worker(ws, manifest, monitor)
+    w = _worker(ws, manifest, monitor, fmt)
+    cuda = fmt == "cubin"
+    dev = "cuda:0" if cuda else "cpu"
     mod = _sys.modules["model_new"]
     kern = mod.K._kernels["add_one"]
-    x = torch.randn(numel)
+    x = torch.randn(numel, device=dev)
     out = torch.empty_like(x)
-    from sandbox.runtime import _convert
+    launch_kw = {"grid": ((numel + 255) // 256,), "block": (256,)} if cuda else {}
+    if cuda:
+        raw_call = None
+    else:
+        from sandbox.runtime import _convert
 
-    vals = _convert(kern.signature, (x, out, numel), "cpu")
-    raw = kern._fn
+        vals = _convert(kern.signature, (x, out, numel), "cpu")
+        raw = kern._fn
+
+        def raw_call():
+            raw(*vals)
     model = w.model
     tables = w.guard_tables
     guard_cls = w.guard_cls
@@ -196,8 +237,8 @@ def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, r
         w._after_call(o, g)
 
     res = {
-        "kernel (raw ctypes)": per_call_us(lambda: raw(*vals), iters, rounds),
-        "launcher": per_call_us(lambda: kern(x, out, numel), iters, rounds),
+        "kernel (raw ctypes)": per_call_us(raw_call, iters, rounds) if raw_call else float("nan"),
+        "launcher": per_call_us(lambda: kern(x, out, numel, **launch_kw), iters, rounds),
         "forward (bare)": per_call_us(lambda: model(x), iters, rounds),
         "guard enter/exit": per_call_us(guard_only, iters, rounds),
         "no_grad enter/exit": per_call_us(nograd_only, iters, rounds),
@@ -210,7 +251,7 @@ def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, r
         "integrity, full": per_call_us(lambda: w._integrity(), max(iters // 50, 5), rounds),
     }
     sets = wire.encode_value([(torch.randn(numel),) for _ in range(calls)])
-    timed, wall = [], []
+    timed, wall, hosts = [], [], []
     for _ in range(max(rounds, 5) * 4):
         t0 = time.perf_counter()
         r = w.time({"input_sets": sets})
@@ -219,19 +260,21 @@ def child_parts(ws: str, manifest: str, monitor: bool, numel: int, iters: int, r
             raise SystemExit(f"time failed: {r}")
         timed.append(r["ms_per_call"] * 1e3)
         w._drop_rep()
+        hosts.append(float(r.get("host_ms", 0.0)) * 1e3)
     res["timed region"] = _median(timed)
     res["time request / call"] = _median(wall)
+    res["timed call, host part"] = _median(hosts) if cuda else float("nan")
     return res
 
 
-def child_events(ws: str, manifest: str, numel: int, calls: int) -> dict:
+def child_events(ws: str, manifest: str, numel: int, calls: int, fmt: str = "cpu") -> dict:
     """Audit events raised by `calls` Worker._call calls (monitor on), per call, by event name."""
     import sys as _sys
 
     import torch
 
-    w = _worker(ws, manifest, True)
-    x = torch.randn(numel)
+    w = _worker(ws, manifest, True, fmt)
+    x = torch.randn(numel, device="cuda:0" if fmt == "cubin" else "cpu")
     w._call((x,), False)  # warm
     counts: dict[str, int] = {}
     on = [False]
@@ -273,12 +316,12 @@ def measure(trees: list[Path], ws: str, manifest: str, common: list[str], repeat
     return out
 
 
-def print_tables(res: dict, numel: int, rounds: int, repeat: int) -> None:
+def print_tables(res: dict, numel: int, rounds: int, repeat: int, fmt: str = "cpu") -> None:
     from rich.console import Console
     from rich.table import Table
 
     names = list(res)
-    table = Table(title=f"per-call host overhead, cpu format, {numel} float32 elements (µs: median of {rounds} "
+    table = Table(title=f"per-call host overhead, {fmt} format, {numel} float32 elements (µs: median of {rounds} "
                         f"rounds, best of {repeat} children)")
     table.add_column("part", justify="right")
     for n in names:
@@ -311,6 +354,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="children per tree and side (the best is reported)")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per `time` request")
     ap.add_argument("--json", default="", help="also write the figures here")
+    ap.add_argument("--format", default="cpu", choices=("cpu", "cubin"), help="cubin: on a CUDA host")
     ap.add_argument("--tree", action="append", default=[],
                     help="checkout whose sandbox/ the children run (repeatable; default: this one)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -318,18 +362,20 @@ def main() -> None:
     if a.child:
         kind, ws, manifest = a.child[:3]
         if kind == "events":
-            print(json.dumps(child_events(ws, manifest, a.numel, 200)))
+            print(json.dumps(child_events(ws, manifest, a.numel, 200, a.format)))
         else:
-            print(json.dumps(child_parts(ws, manifest, kind == "on", a.numel, a.iters, a.rounds, a.calls)))
+            print(json.dumps(child_parts(ws, manifest, kind == "on", a.numel, a.iters, a.rounds, a.calls,
+                                         a.format)))
         return
     tmp = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
-    ws, manifest = build_solution(tmp)
-    common = ["--numel", str(a.numel), "--iters", str(a.iters), "--rounds", str(a.rounds), "--calls", str(a.calls)]
+    ws, manifest = build_solution(tmp, a.format)
+    common = ["--numel", str(a.numel), "--iters", str(a.iters), "--rounds", str(a.rounds), "--calls", str(a.calls),
+              "--format", a.format]
     trees = [Path(t).resolve() for t in (a.tree or [str(REPO)])]
     if len({t.name for t in trees}) != len(trees):
         raise SystemExit("--tree folders need distinct names (they label the columns)")
     res = measure(trees, ws, manifest, common, a.repeat)
-    print_tables(res, a.numel, a.rounds, a.repeat)
+    print_tables(res, a.numel, a.rounds, a.repeat, a.format)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

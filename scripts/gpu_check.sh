@@ -11,7 +11,8 @@
 #   GPU_TESTS=0        skip the tests (benchmarks only)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (270 s), fleet (300 s),
-#                      tasks (150 s), integrity (240 s: defences' cost, cubin), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
+#                      tasks (150 s), integrity (240 s: defences' cost, cubin),
+#                      overhead (150 s: per-call host overhead, cubin), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
 mkdir -p "$out"
@@ -63,6 +64,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
     actor)   run_bench actor 270 python3 benchmarks/actor_bench.py --out "$out/actor" --warmup-budget-s 70 \
                --budget-s 120 ;;
     fleet)   run_bench fleet 300 python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" --budget-s 280 ;;
+    overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \
+               --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
                --json "$out/integrity_raw.json" ;;
     tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers 4 --n 12 --no-compile \
