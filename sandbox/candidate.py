@@ -126,9 +126,9 @@ class Worker:
         from sandbox import runtime, wire
         from sandbox import guard as guard_mod
         from sandbox import integrity
-        from sandbox.integrity import (HarnessSnapshot, HookState, Monitor, StateSnapshot, install_ctypes_guards,
-                                       install_hook_guards, install_import_hook, install_thread_guard,
-                                       install_torch_wrappers)
+        from sandbox.integrity import (FuncPtrState, HarnessSnapshot, HookState, Monitor, StateSnapshot,
+                                       install_ctypes_guards, install_hook_guards, install_import_hook,
+                                       install_thread_guard, install_torch_wrappers)
         from sandbox.static_check import allowed_imports
         from sandbox.timing import Timer, l2_flush_buffer
 
@@ -156,6 +156,7 @@ class Worker:
             install_torch_wrappers(self.monitor)
             install_ctypes_guards(self.monitor)
             install_hook_guards(self.monitor)
+        self.funcptrs = FuncPtrState()  # after install_ctypes_guards: the function-pointer classes as it left them
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({
@@ -195,9 +196,9 @@ class Worker:
         # every function of the harness's modules, the callables of what they rely on, and the trusted objects' own
         # attributes, as they are now (before any solution code)
         self.identities = integrity.harness_identities({
-            "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "state", "harness", "equal", "guard_cls",
-                              "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison", "ws", "fmt",
-                              "device", "cuda"]),
+            "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "funcptrs", "state", "harness", "equal",
+                              "guard_cls", "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison",
+                              "ws", "fmt", "device", "cuda"]),
             "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs"]),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
         })
@@ -234,6 +235,7 @@ class Worker:
         out = [f"{k}: {d}" for k, d in self.monitor.violations]
         self.monitor.violations.clear()
         out += self.hooks.check()
+        out += self.funcptrs.check()
         if full:
             out += [f"monkeypatch: torch function {n} was replaced by the solution" for n in self.state.replaced()[:4]]
             out += [f"timer_tampering: {n} was replaced by the solution" for n in self.timer.tampered()]

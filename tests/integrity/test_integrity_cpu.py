@@ -45,6 +45,11 @@ FORBIDDEN = {
     "patch_perf_counter": "timer_tampering",
     "forged_reply": "forged_reply",
     "edit_checker": "file_write",
+    "ctypes_funcptr_from_address": "memory_read",
+    "ctypes_funcptr_raw_class": "memory_read",
+    "ctypes_call_function": "memory_read",
+    "raw_kernel_pointer": "harness_tampering",
+    "own_library_reopened": "ctypes",
     "read_other_cache": "file_access",
     "fork_bomb": "process",
     "orphan": "process",
@@ -63,11 +68,23 @@ INCORRECT = {
 }
 
 
+# name -> words of the violation's detail, where its kind is shared with other rules
+DETAIL = {
+    "ctypes_funcptr_from_address": "function pointer made from a raw address",
+    "ctypes_funcptr_raw_class": "bypasses the sandbox's constructor",
+    "ctypes_call_function": "_ctypes.call_function",
+    "raw_kernel_pointer": "raw entry point was called outside the launcher",
+    "own_library_reopened": "through ctypes itself",
+}
+
+
 @pytest.mark.parametrize("name", sorted(FORBIDDEN))
 def test_forbidden_with_named_violation(hack_evaluator, name):
     res = hack_evaluator.evaluate(task(), adversarial(name), "cpu")
     assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
     assert FORBIDDEN[name] in kinds(res), f"{name}: {res.message} {res.violations}"
+    if name in DETAIL:
+        assert any(v.kind == FORBIDDEN[name] and DETAIL[name] in v.detail for v in res.violations), res.violations
 
 
 @pytest.mark.parametrize("name", sorted(INCORRECT))
