@@ -240,17 +240,23 @@ class Monitor:
         f = self._getframe(depth)
         return f is not None and self._is_candidate(f.f_code)
 
-    def _acting_for_candidate(self, f: Any) -> bool:
+    def _acting_for_candidate(self, f: Any, name: str | None = None) -> bool:
         """Whether frame f is the solution's, or forwards for it: frames of generated code ("<string>": dataclass
         __init__, namedtuple) and of the standard library (functools.singledispatch, ...) between f and the first
         other frame are skipped, so a guarded call the solution routes through them counts as its own (the
-        attribution of direct guards; torch's own callers of the guarded functions are not skipped)."""
+        attribution of direct guards). name (the guarded function's name, for the wrappers of _wrap): that first
+        other frame (torch, say) uses the guarded function itself only if its code names it (co_names: the global
+        or attribute it calls, as torch's dispatch machinery does with _pop_mode_temporarily); one that does not
+        called a callable it was handed (torch.utils._pytree.tree_map(torch.Tensor.numpy, x), Module.apply, vmap,
+        ...): the call is then the solution's when a frame of the solution is further up the stack."""
         while f is not None:
             code = f.f_code
             if self._is_candidate(code):
                 return True
             if not _forwarding_glue(code.co_filename):
-                return False
+                if name is None or name in code.co_names:
+                    return False
+                return self._candidate_from(f.f_back)
             f = f.f_back
         return False
 
@@ -348,7 +354,7 @@ class Monitor:
                 verdict = None if ok else ("harness_tampering", f"{entry[3]}: its raw entry point was called outside "
                                                                 "the launcher (an uncounted launch)")
             else:  # the wrapper's caller is f.f_back: the frame _guard_verdict would look up (no second getframe)
-                verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back)
+                verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back, code.co_name)
         finally:
             self._busy = busy
         if verdict is not None:
@@ -378,17 +384,18 @@ class Monitor:
             self.record("harness_tampering", "the sandbox's kernel registration event was raised outside the launcher")
             raise IntegrityError("a kernel registered outside the launcher (forbidden in a solution)")
 
-    def _guard_verdict(self, kind: str, detail: str, direct: bool, caller: Any = False) -> tuple[str, str] | None:
+    def _guard_verdict(self, kind: str, detail: str, direct: bool, caller: Any = False,
+                       name: str | None = None) -> tuple[str, str] | None:
         """caller: the guarded function's caller frame when the caller of this already has it (False: looked up
         here, seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its
-        caller)."""
+        caller). name: the guarded function's (see _acting_for_candidate)."""
         if kind == "thread" and self.fmt == "extension" and self.phase == "load":
             return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
         if caller is False:
             # seen from here: 0 this, 1 _judge or _call_original, 2 _hook, 3 the wrapper, 4 its caller
             hit = self._acting_for_candidate(self._getframe(4)) if direct else self._candidate_on_stack(5)
         else:
-            hit = self._acting_for_candidate(caller) if direct else self._candidate_from(caller)
+            hit = self._acting_for_candidate(caller, name) if direct else self._candidate_from(caller)
         if hit:
             return (str(kind), str(detail))
         return None

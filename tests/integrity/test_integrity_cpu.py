@@ -50,6 +50,8 @@ FORBIDDEN = {
     "ctypes_call_function": "memory_read",
     "raw_kernel_pointer": "harness_tampering",
     "own_library_reopened": "ctypes",
+    "direct_guard_via_torch_caller": "numpy_bridge",
+    "guard_bypass_via_torch_caller": "guard_bypass",
     "read_other_cache": "file_access",
     "fork_bomb": "process",
     "orphan": "process",
@@ -75,6 +77,8 @@ DETAIL = {
     "ctypes_call_function": "_ctypes.call_function",
     "raw_kernel_pointer": "raw entry point was called outside the launcher",
     "own_library_reopened": "through ctypes itself",
+    "direct_guard_via_torch_caller": "Tensor.numpy() called by the solution",
+    "guard_bypass_via_torch_caller": "_pop_torch_dispatch_stack called by the solution",
 }
 
 
