@@ -9,9 +9,17 @@ hack needs, at a level the solution cannot switch off:
   stack (a frame whose file lies in the workspace) it records, and refuses by raising, the events a hack needs:
   frame and garbage-collector introspection (`sys._getframe`, `tb_frame`/`gi_frame`, `gc.get_objects`), `exec` /
   `compile` from candidate frames, code-object swaps (`__code__` assignment), libraries and symbols loaded through
-  ctypes other than the build's own artefacts and the launcher's driver calls, raw memory access through ctypes
-  (string_at, from_address, memmove, memset, cast), `/proc/*/mem` and the reference file, processes, sockets,
-  `mmap`, new audit hooks and thread starts.
+  ctypes other than the build's own artefacts and the launcher's driver calls (and those too when anything but
+  sandbox.runtime looks them up), raw memory access through ctypes (string_at, from_address, from_buffer, memmove,
+  memset, cast, `_ctypes.call_function`, and foreign functions made from an integer address: every class derived
+  from _ctypes.CFuncPtr judges its construction, `_install_funcptr_guard`, and `FuncPtrState` looks for classes
+  that bypass it at every boundary), `/proc/*/mem` and the reference file, processes, sockets, `mmap`, new audit
+  hooks and thread starts. Direct guards (the immediate caller must be the solution) see through the standard
+  library and generated code, and through any other library frame whose code does not name the guarded function
+  (a higher-order function calling what it was handed: `torch.utils._pytree.tree_map(torch.Tensor.numpy, x)`).
+- The kernels' foreign functions: the launcher hands each one (and the CUDA driver's cuLaunchKernel) to the monitor
+  (KERNEL_EVENT), which keeps it and gives back a wrapper only a launch may call (the launch counts itself first),
+  so no object of the process leads to a raw entry point a launch nobody counted could go through.
 - The import hook (`install_import_hook`): an import statement in candidate code is recognised from the bytecode
   of the importing frame (`IMPORT_NAME`), not from the arguments; any other route to `__import__` with a candidate
   frame as the caller (an explicit `__import__` call, or C code running on the candidate's behalf) may only reach

@@ -29,7 +29,9 @@ Outside the sandbox (a person trying a solution by hand), `load_kernels(src_dir=
 `kernels/` on the spot with the same builder.
 
 Each launch is counted in `launch_counts` (kernel name -> launches) so the harness can tell a decoy kernel that is
-never launched.
+never launched; inside the sandbox the counts it believes are the monitor's (sandbox.integrity), and the foreign
+functions the launches call (a cpu kernel's entry point, the driver's cuLaunchKernel) are kept by the monitor, which
+lets only the launches themselves call them (`_guarded`): calling a raw entry point is `harness_tampering`.
 """
 
 from __future__ import annotations
