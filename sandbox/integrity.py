@@ -134,6 +134,19 @@ def _launch_codes() -> tuple[Any, set[int]]:
     return runtime._count.__code__, codes
 
 
+def _cpu_init_code() -> Any:
+    from sandbox import runtime
+
+    return runtime.CpuKernel.__init__.__code__
+
+
+def _cpu_launch_code() -> Any:
+    """Code of sandbox.runtime.CpuKernel.__call__, whose launches the monitor counts at the foreign call itself."""
+    from sandbox import runtime
+
+    return runtime.CpuKernel.__call__.__code__
+
+
 def _runtime_codes() -> tuple[Any, dict[int, Any], dict[int, Any]]:
     """(code of sandbox.runtime._guarded, which raises KERNEL_EVENT, {id: code} of its callers, the launcher's
     registrations of foreign functions (CpuKernel.__init__, _Driver.__init__), {id: code} of every function of
@@ -188,6 +201,9 @@ class Monitor:
         self.launches: dict[str, int] = {}  # kernel name -> launches, counted from LAUNCH_EVENT (see _count_launch)
         self._count_code, self._launch_codes = _launch_codes()
         self._guarded_code, self._register_codes, self._runtime_codes = _runtime_codes()
+        self._cpu_launch = _cpu_launch_code()
+        self._cpu_init = _cpu_init_code()
+        self._kernel_names: dict[int, str] = {}  # wrapper code id -> cpu kernel name (counted where it is called)
         self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
         self._busy = False
         self._getframe = sys._getframe
@@ -326,10 +342,13 @@ class Monitor:
             f = self._event_frame()
             code = f.f_code if f is not None else None
             caller = f.f_back if f is not None else None
-            ok = (code is not None and code is self._count_code and caller is not None
-                  and id(caller.f_code) in self._launch_codes)
+            launcher = caller.f_code if caller is not None else None
+            ok = code is not None and code is self._count_code and launcher is not None \
+                and id(launcher) in self._launch_codes
         finally:
             self._busy = busy
+        if ok and launcher is self._cpu_launch and self._kernel_names:
+            return  # a cpu kernel's launch is counted where its foreign function is called (_call_original)
         if not ok:
             self.record("harness_tampering", "a kernel launch was counted without a launch (the solution raised the "
                                              "sandbox's launch event or called its counter)")
@@ -356,11 +375,14 @@ class Monitor:
                 entry, verdict = None, ("harness_tampering", "the sandbox's call event was raised outside its wrappers")
             elif entry[2] is None:
                 verdict = None
-            elif entry[2] == "launch":  # a kernel's foreign function: only its launcher, which counted the launch
+            elif entry[2] == "launch":  # a kernel's foreign function: only its launcher calls it
                 caller = f.f_back
                 ok = caller is not None and id(caller.f_code) in self._launch_codes
                 verdict = None if ok else ("harness_tampering", f"{entry[3]}: its raw entry point was called outside "
                                                                 "the launcher (an uncounted launch)")
+                name = self._kernel_names.get(id(code)) if ok else None
+                if name is not None:  # counted here, at the kernel's own call (whatever the launcher object holds)
+                    self.launches[name] = self.launches.get(name, 0) + 1
             else:  # the wrapper's caller is f.f_back: the frame _guard_verdict would look up (no second getframe)
                 verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back, code.co_name)
         finally:
@@ -385,7 +407,10 @@ class Monitor:
             ok = (reg is not None and self._register_codes.get(id(reg)) is reg and len(args) == 3
                   and type(args[2]) is list)
             if ok:
-                args[2].append(_wrap(self, args[0], "launch", f"kernel {args[1]}"))
+                w = _wrap(self, args[0], "launch", f"kernel {args[1]}")
+                if reg is self._cpu_init:
+                    self._kernel_names[id(w.__code__)] = str(args[1])
+                args[2].append(w)
         finally:
             self._busy = busy
         if not ok:

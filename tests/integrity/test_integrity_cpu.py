@@ -52,6 +52,7 @@ FORBIDDEN = {
     "own_library_reopened": "ctypes",
     "direct_guard_via_torch_caller": "numpy_bridge",
     "guard_bypass_via_torch_caller": "guard_bypass",
+    "fake_kernel_function": "no_kernel_launched",
     "read_other_cache": "file_access",
     "fork_bomb": "process",
     "orphan": "process",
