@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -168,29 +170,46 @@ def bench_cuda_agent_flow(ext: dict, e2e_p50: float) -> dict:
     return out
 
 
-def bench_noise(ev: Evaluator, fmt: str, n: int, batch: int) -> dict:
+def bench_noise(evs: dict, fmt: str, n: int, batch: int) -> dict:
+    """The same honest solution profiled n times (after one warm-up evaluation) under each Evaluator of `evs`
+    (name -> Evaluator, e.g. the timing gate on and off), the evaluations alternating between them so drift on
+    the host hits all alike. Per name: the CV of the medians of the candidate, eager and torch.compile, and of
+    the speed-up over eager."""
     task = load_task(TASK_DIR)
     import dataclasses
 
     task = dataclasses.replace(task, id=f"elementwise_chain_b{batch}",
                                reference=task.reference.replace("batch_size = 64", f"batch_size = {batch}"))
     files = load_solution(TASK_DIR / fmt / "fast")
-    meds, eager, comp, speed = [], [], [], []
-    for _ in range(n + 1):
-        r = ev.evaluate(task, files, fmt)
-        assert r.ok, r.message
-        meds.append(r.timing.candidate.median_ms)
-        eager.append(r.timing.eager.median_ms)
-        comp.append(r.timing.compiled.median_ms if r.timing.compiled else float("nan"))
-        speed.append(r.timing.speedup_eager.point)
-    meds, eager, comp, speed = meds[1:], eager[1:], comp[1:], speed[1:]  # first run warms up
+    rows = {k: {"cand": [], "eager": [], "comp": [], "speed": [], "gated": []} for k in evs}
+    last = {}
+    for i in range(n + 1):
+        for name, ev in evs.items():
+            r = ev.evaluate(task, files, fmt)
+            assert r.ok, r.message
+            last[name] = r
+            if i == 0:  # the first run of each warms up
+                continue
+            row = rows[name]
+            row["cand"].append(r.timing.candidate.median_ms)
+            row["eager"].append(r.timing.eager.median_ms)
+            row["comp"].append(r.timing.compiled.median_ms if r.timing.compiled else float("nan"))
+            row["speed"].append(r.timing.speedup_eager.point)
+            print(f"noise {name} {i}/{n}: candidate {r.timing.candidate.median_ms:.4f} ms, eager "
+                  f"{r.timing.eager.median_ms:.4f} ms, speed-up {r.timing.speedup_eager.point:.3f}", flush=True)
 
     def cv(xs):
         return statistics.pstdev(xs) / statistics.mean(xs)
 
-    return {"n": n, "batch_size": batch, "candidate_median_ms": meds, "cv_candidate_median": cv(meds),
-            "cv_eager_median": cv(eager), "cv_speedup": cv(speed),
-            "cv_compile_median": cv(comp) if all(c == c for c in comp) else None, "nvml_last": r.nvml}
+    out = {"n": n, "batch_size": batch}
+    for name, row in rows.items():
+        out[name] = {"candidate_median_ms": row["cand"], "eager_median_ms": row["eager"],
+                     "cv_candidate_median": cv(row["cand"]), "cv_eager_median": cv(row["eager"]),
+                     "cv_speedup": cv(row["speed"]), "speedup_eager": row["speed"],
+                     "cv_compile_median": cv(row["comp"]) if all(c == c for c in row["comp"]) else None,
+                     "nvml_last": last[name].nvml,
+                     "log_last": [x for x in last[name].log if "profile:" in x][-6:]}
+    return out
 
 
 def main() -> None:
@@ -201,6 +220,7 @@ def main() -> None:
     ap.add_argument("--ext-builds", type=int, default=2)
     ap.add_argument("--evals", type=int, default=10)
     ap.add_argument("--noise-batch", type=int, default=1024)
+    ap.add_argument("--noise-n", type=int, default=10, help="profiles per setting in the noise section")
     ap.add_argument("--sections", default="build,e2e,noise", help="comma-separated: build (cubin + extension "
                     "builds and the CUDA-Agent-style flow), e2e, noise")
     a = ap.parse_args()
@@ -216,7 +236,8 @@ def main() -> None:
     def save() -> None:
         (out_dir / "bench.json").write_text(json.dumps(res, indent=1, default=str))
 
-    with Evaluator(cfg) as ev:
+    with contextlib.ExitStack() as stack:
+        ev = stack.enter_context(Evaluator(cfg))
         res["backend"] = ev.backend
         res["isolation"] = ev.isolation_mode
         fmt = "cubin" if ev.backend == "cuda" else "cpu"
@@ -255,7 +276,10 @@ def main() -> None:
             save()
         if "noise" in sections:
             try:
-                res["noise"] = bench_noise(ev, fmt, 10, a.noise_batch if res["backend"] == "cuda" else 64)
+                evs = {"gate_on": ev}
+                if ev.backend == "cuda":  # side by side: the same settings without the timing gate
+                    evs["gate_off"] = stack.enter_context(Evaluator(dataclasses.replace(cfg, timing_gate=False)))
+                res["noise"] = bench_noise(evs, fmt, a.noise_n, a.noise_batch if res["backend"] == "cuda" else 64)
             except Exception as e:  # noqa: BLE001
                 res["noise"] = {"error": f"{type(e).__name__}: {e}"}
             save()
@@ -275,9 +299,17 @@ def main() -> None:
               f"{ca['speedup_of_ours']:.1f}x faster; evals/GPU-hour {ca['ours_evals_per_gpu_hour']:.0f} vs "
               f"{ca['cuda_agent_style_evals_per_gpu_hour']:.0f}")
     nz = res.get("noise", {})
-    if "cv_candidate_median" in nz:
-        print(f"timing noise       CV of candidate median {nz['cv_candidate_median']:.2%}, eager {nz['cv_eager_median']:.2%},"
-              f" speed-up {nz['cv_speedup']:.2%} (10 profiles, batch {nz['batch_size']})")
+    for name in ("gate_on", "gate_off"):
+        z = nz.get(name) or {}
+        if "cv_candidate_median" in z:
+            cc = z["cv_compile_median"]
+            ccs = f", compile {cc:.2%}" if cc is not None else ""
+            print(f"timing noise {name:8s} CV of the medians: candidate {z['cv_candidate_median']:.2%}, eager "
+                  f"{z['cv_eager_median']:.2%}{ccs}, speed-up {z['cv_speedup']:.2%}; candidate median of medians "
+                  f"{statistics.median(z['candidate_median_ms']):.4f} ms ({nz['n']} profiles, batch {nz['batch_size']})")
+            for line in z.get("log_last") or []:
+                if "host time" in line or "gate" in line:
+                    print(f"  {name}: {line[:200]}")
     for k in ("cubin_build", "extension_build", "e2e", "cuda_agent_flow", "noise"):
         if isinstance(res.get(k), dict) and "error" in res[k]:
             print(f"{k}: ERROR {res[k]['error'][:300]}")

@@ -118,7 +118,7 @@ def _overlaps(a, b) -> bool:
 
 class Worker:
     def __init__(self, ws: str, device: str, fmt: str, flush_bytes: int = 0, monitor: bool = True,
-                 shm: Any = None, io: str | None = None):
+                 shm: Any = None, io: str | None = None, gate: dict | None = None):
         import contextlib
 
         import torch
@@ -131,6 +131,7 @@ class Worker:
                                        install_thread_guard, install_torch_wrappers)
         from sandbox.static_check import allowed_imports
         from sandbox.timing import Timer, l2_flush_buffer
+        from sandbox.timing_gate import load_gate
 
         self.torch = torch
         self.ws = ws
@@ -146,7 +147,6 @@ class Worker:
         self._encode, self._decode = wire.encode_value, wire.decode_value
         # Trusted pieces, built before any candidate code exists (sandbox.integrity, sandbox.timing).
         self.runtime = runtime
-        self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None)
         libs, syms = _manifest_allow_list()
         self.monitor = Monitor.install(ws, fmt, libs, syms) if monitor else Monitor(ws, fmt, libs, syms)
         self.hooks = HookState()  # before the guards below: it keeps the original signal functions to put back
@@ -157,6 +157,12 @@ class Worker:
             install_ctypes_guards(self.monitor)
             install_hook_guards(self.monitor)
         self.funcptrs = FuncPtrState()  # after install_ctypes_guards: the function-pointer classes as it left them
+        # the timer's gate after the monitor: the CUDA driver the gate loads (sandbox.runtime._Driver) hands its launch
+        # call to the installed monitor (sandbox.integrity.KERNEL_EVENT), as it would if a solution loaded it first
+        gate = gate or {}
+        timing_gate = load_gate(gate.get("cubin"), float(gate.get("timeout_ms", 50.0)), device) if self.cuda else None
+        self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None, timing_gate,
+                           float(gate.get("allowance_ms", 0.1)))
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({
@@ -199,8 +205,11 @@ class Worker:
             "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "funcptrs", "state", "harness", "equal",
                               "guard_cls", "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison",
                               "ws", "fmt", "device", "cuda"]),
-            "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs"]),
+            "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs",
+                                   "gate", "host_allowance_ms", "gate_latency_ms", "ungated"]),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
+            **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_launch", "_a_flag",
+                                       "_a_want", "_a_timeout", "_a_expired"])} if timing_gate is not None else {}),
         })
 
     def _to_device(self, v: Any) -> Any:
@@ -731,7 +740,7 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
         else:
             os.close(shm_fd)
     w = Worker(ws, device, setup.get("format", "cpu"), int(setup.get("flush_bytes", 0) or 0),
-               bool(setup.get("monitor", True)), mapping, setup.get("io") or None)
+               bool(setup.get("monitor", True)), mapping, setup.get("io") or None, setup.get("gate") or None)
     # the reply channel and the handlers, bound now: nothing the solution later replaces is on the way of a reply
     send, recv = wire.private_channel()
     closed = wire.ChannelClosed

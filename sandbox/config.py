@@ -134,6 +134,24 @@ class SandboxConfig:
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
+    timing_gate: bool = True
+    """CUDA: hold the stream behind a waiting kernel while each timed call is enqueued (sandbox.timing_gate), so
+    the CUDA events measure the GPU's run of the call rather than the host's launch overhead; the same for eager,
+    torch.compile and the candidate. False: the events include the host's time to enqueue the call."""
+    timing_gate_timeout_ms: float = 20.0
+    """CUDA, gated: the longest a gate holds the stream; a call that synchronises while held waits this long and
+    counts its whole wall clock; an implementation whose gate expired twice is timed ungated for the rest of the
+    profile."""
+    timing_gate_host_allowance_ms: float = 1.0
+    """CUDA, gated, cubin format (no host code of the solution's own): the host time per call inside the call
+    (Python, launches) that is not counted; beyond it, host time counts. The gate blocks every SM, so nothing can
+    compute on the GPU behind it, and a cubin solution's Python cannot compute on the host (the dispatch guard and
+    the import allow-list): what this allows is launch overhead. It also bounds the trusted side's cross-check
+    (reference_worker._event_floor): a solution that defeated the in-process timer could claim at most about 2x
+    plus this much per call."""
+    timing_gate_native_host_allowance_ms: float = 0.1
+    """CUDA, gated, extension format: as timing_gate_host_allowance_ms, smaller, since the solution's C++ host code
+    could compute on the CPU while the gate holds the GPU."""
     idle_cpu_limit_s: float = 0.1
     """CPU seconds (user + system, every thread and child) the candidate's process may use, summed over one
     evaluation, while it has no request to answer (between a reply and the next request, as the trusted side reads
@@ -165,8 +183,9 @@ class SandboxConfig:
     """uid/gid the candidate runs as under namespace isolation (-1 keeps root, without capabilities)."""
     rlimit_cpu_s: int = 900
     """RLIMIT_CPU of the candidate process (seconds of CPU time)."""
-    rlimit_fsize_bytes: int = 256 * 1024 * 1024
-    """RLIMIT_FSIZE: largest file the candidate may write."""
+    rlimit_fsize_bytes: int = 4 * 1024 * 1024 * 1024
+    """RLIMIT_FSIZE: largest file the candidate may write. Outputs travel back through files of the spill folder
+    (sandbox.wire), so this must exceed the largest output: the GPU split's tasks have outputs of up to 2 GiB."""
     rlimit_nproc: int = 512
     """RLIMIT_NPROC: processes + threads of the sandbox uid."""
     rlimit_nofile: int = 1024
@@ -204,6 +223,10 @@ class SandboxConfig:
             raise ValueError("SandboxConfig.min_rep_ms must be >= 0")
         if self.idle_cpu_limit_s < 0:
             raise ValueError(f"SandboxConfig.idle_cpu_limit_s must be >= 0 (0 = not checked), got {self.idle_cpu_limit_s}")
+        if not self.timing_gate_timeout_ms > 0 or not (self.timing_gate_host_allowance_ms >= 0
+                                                       and self.timing_gate_native_host_allowance_ms >= 0):
+            raise ValueError("SandboxConfig.timing_gate_timeout_ms must be > 0, and timing_gate_host_allowance_ms "
+                             "and timing_gate_native_host_allowance_ms >= 0")
         if self.timing_slack_ms < 0 or not 0 <= self.timing_slack_rel < 1:
             raise ValueError("SandboxConfig.timing_slack_ms must be >= 0 and timing_slack_rel in [0, 1)")
 
@@ -214,3 +237,9 @@ class SandboxConfig:
     def tolerances(self, task_atol: float, task_rtol: float) -> tuple[float, float]:
         """(atol, rtol) to use: the config's when set (>= 0), else the task's."""
         return (self.atol if self.atol >= 0 else task_atol, self.rtol if self.rtol >= 0 else task_rtol)
+
+
+def gate_allowance_ms(cfg: SandboxConfig, fmt: str) -> float:
+    """The timing gate's host allowance (ms per call) for a solution format: the extension format has host code
+    of its own (timing_gate_native_host_allowance_ms), the others not (timing_gate_host_allowance_ms)."""
+    return cfg.timing_gate_native_host_allowance_ms if fmt == "extension" else cfg.timing_gate_host_allowance_ms

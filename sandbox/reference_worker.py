@@ -75,12 +75,13 @@ import torch
 
 from sandbox import shm as shm_mod
 from sandbox import wire
-from sandbox.config import SandboxConfig
+from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import DEFAULT_HIDE, JailSpec, candidate_expose, command_prefix, private_roots, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
 from sandbox.timing import Timer, agrees_with_estimate, floor_by_estimate, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
+from sandbox.timing_gate import gate_cubin, load_gate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
@@ -271,6 +272,35 @@ class Zygote:
         self.log.close()
 
 
+_GATES: dict[str, Any] = {}
+
+
+def gate_setup(cfg: SandboxConfig, device: str, fmt: str = "cubin") -> dict | None:
+    """The timing gate's part of a candidate's `setup` (cubin bytes and limits), or None: no gate (the CPU,
+    SandboxConfig.timing_gate off, or no nvcc)."""
+    if not (cfg.timing_gate and device.startswith("cuda")):
+        return None
+    from sandbox.build import detect_arch
+
+    cubin = gate_cubin(cfg.nvcc, detect_arch(cfg), cfg.cache_dir)
+    if cubin is None:
+        return None
+    return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": gate_allowance_ms(cfg, fmt)}
+
+
+def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any, fmt: str = "cubin") -> Timer:
+    """A Timer for this (trusted) process: gated as the candidate's is (the same gate policy and host allowance for
+    eager, torch.compile and a solution of format `fmt`), the gate loaded once per device."""
+    gate = None
+    g = gate_setup(cfg, device) if cuda else None
+    if g is not None:
+        key = f"{device}/{g['timeout_ms']}"
+        if key not in _GATES:
+            _GATES[key] = load_gate(g["cubin"], g["timeout_ms"], device)
+        gate = _GATES[key]
+    return Timer(cuda, flush, gate, gate_allowance_ms(cfg, fmt))
+
+
 class CandidateProcess:
     """A candidate worker with request/reply over pipes, killed with its whole tree by `kill()`.
 
@@ -342,6 +372,7 @@ class CandidateProcess:
         return self.request({"op": "setup", "workspace": ws, "io": io, "format": fmt,
                              "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
+                             "gate": gate_setup(self.cfg, self.device, fmt),
                              "monitor": self.cfg.runtime_monitor,
                              "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
                             deadline_after_meanwhile=True)
@@ -725,7 +756,7 @@ class ProfilePlan:
 
     def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list]):
         self.flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
-        timer = Timer(cuda, self.flush)
+        timer = trusted_timer(cfg, cuda, device, self.flush)
 
         def eager(a: list) -> Any:
             with torch.no_grad():
@@ -734,7 +765,7 @@ class ProfilePlan:
             return out
 
         # eager's time per call: the median of single calls on up to 3 of the trials' sets
-        times = sorted(timer.run(eager, [x])["ms_per_call"] for x in xs_dev[:3])
+        times = sorted(timer.run(eager, [x], label="eager")["ms_per_call"] for x in xs_dev[:3])
         self.in_bytes = sum(t.numel() * t.element_size() for t in _tensor_list(xs_dev[0])) or 1
         self.calls = calls_per_rep(cfg, times[len(times) // 2], self.in_bytes)
         self.warmup: list[Future] = []
@@ -1162,7 +1193,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
     outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
-    timer = Timer(cuda, plan.flush)
+    timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
     rng = secrets.SystemRandom()
 
     def left() -> float:
@@ -1198,19 +1229,21 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         warm += _make_sets(state, cfg.warmup_calls - len(warm))
         warm_dev = [state.to_device(x) for x in warm]
         with pf.quiet():
-            timer.run(eager, warm_dev)
+            timer.run(eager, warm_dev, label="eager")
             if compiled is not None:
-                timer.run(comp, warm_dev)
+                timer.run(comp, warm_dev, label="compiled")
         _run(cand, {"op": "time", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
         _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
         del warm, warm_dev
     with pf.quiet():
-        one = timer.run(eager, [x0])["ms_per_call"]
+        one = timer.run(eager, [x0], label="eager")["ms_per_call"]
     calls = calls_per_rep(cfg, one, plan.in_bytes)
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
     disagreements = 0
+    cand_gated = 0
+    cand_host: list[float] = []
     ratios: list[float] = []
     shortfalls: list[float] = []
     ests: list[float] = []
@@ -1237,11 +1270,11 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         for im in order:
             if im == "eager":
                 with pf.quiet():
-                    res = timer.run(eager, sets_dev, ref_outs.append)
+                    res = timer.run(eager, sets_dev, ref_outs.append, label="eager")
                 samples[im].append(res["ms_per_call"])
             elif im == "compiled":
                 with pf.quiet():
-                    samples[im].append(timer.run(comp, sets_dev)["ms_per_call"])
+                    samples[im].append(timer.run(comp, sets_dev, label="compiled")["ms_per_call"])
             else:
                 with pf.quiet():
                     te = time.perf_counter()
@@ -1255,6 +1288,9 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
                     msg = "timed calls launched none of the solution's kernels"
                     raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
+                cand_gated += int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), int) else 0
+                if isinstance(reply.get("host_ms"), float):
+                    cand_host.append(reply["host_ms"])
                 loop = float(reply.get("loop_ms", float("nan")))
                 ev = float(reply.get("event_ms", float("nan")))
                 if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
@@ -1267,7 +1303,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if not agrees_with_estimate(loop, wall, est, rtt):
                     disagreements += 1
                     ms = max(est, loop) / calls
-                elif cuda and (ev > loop + 0.1 or ev < 0.5 * loop - 0.05 * calls):
+                elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg, fmt)):
                     disagreements += 1
                     ms = loop / calls
                 samples[im].append(ms)
@@ -1282,6 +1318,14 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         msg = (f"the candidate's in-process timings cover a median {med_ratio:.0%} of the trusted wall clock around "
                f"its repetitions (median shortfall {med_short:.1f} ms, request round trip {rtt:.2f} ms)")
         raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("timer_tampering", msg)])
+    if cand_gated and cand_host:
+        out["log"].append(f"profile: gated; the candidate's host time inside each call, median "
+                          f"{sorted(cand_host)[len(cand_host) // 2]:.3f} ms (allowance {timer.host_allowance_ms:g} ms, "
+                          f"gate latency {timer.gate_latency_ms:.3f} ms on the trusted side)")
+    if timer.gate is not None and cand_gated == 0:
+        out["log"].append("profile: eager and torch.compile were timed behind the timing gate, the candidate without "
+                          "it (its gate did not load, or expired: a call that synchronises the device); its times "
+                          "include the host's time to enqueue each call")
     if disagreements:
         out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
                           "wall clock; the wall clock (less the request round trip) was used for those")
@@ -1313,6 +1357,18 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         speedup_eager=se, speedup_compile=sc, candidate_wall_ms=walls, baseline_policy="interleaved",
         milestone=level, milestone_reason=why,
     )
+
+
+def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig, fmt: str = "cubin") -> float:
+    """The least a candidate's CUDA figure for a repetition (reply's event_ms) may claim against its own in-loop
+    wall clock (loop_ms) before the wall clock is used instead. Ungated, at least half of it; gated (the calls'
+    host time is outside the events, sandbox.timing.Timer.run), half of it less the host allowance and 50 us of
+    gate latency per call: a gated figure is the largest of the GPU's and the host's parts, so at least their
+    mean."""
+    gated = int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), (int, float)) else 0
+    if gated > 0:
+        return 0.5 * (loop_ms - gated * (gate_allowance_ms(cfg, fmt) + 0.05)) - 0.05 * calls
+    return 0.5 * loop_ms - 0.05 * calls
 
 
 def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: float, io: str,

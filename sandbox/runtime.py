@@ -254,6 +254,11 @@ class CpuKernel:
         self._fn(*vals)
 
 
+# cuLaunchKernel(f, grid x3, block x3, shared_mem, stream, kernelParams, extra)
+CU_LAUNCH_ARGTYPES = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                      ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+
+
 class _Driver:
     """The few CUDA driver API calls the cubin launcher needs, through ctypes on libcuda."""
 
@@ -261,10 +266,7 @@ class _Driver:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         launch = self.lib["cuLaunchKernel"]  # kept by the monitor (_guarded), not on the library object
-        launch.argtypes = [
-            ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
-        ]
+        launch.argtypes = CU_LAUNCH_ARGTYPES
         self.launch = _guarded(launch, "cuLaunchKernel")
         self.lib.cuModuleLoad.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]

@@ -22,6 +22,12 @@ What is trusted, and why:
   L2), the device is synchronised, the start event recorded, the call runs, the whole device is synchronised (work
   on side streams counts) and the end event recorded. The in-loop wall clock of each call is kept next to its
   event time: events that claim much less than the wall clock around them are not believed either.
+- Gated (sandbox.timing_gate, SandboxConfig.timing_gate): before the start event, a one-thread kernel holds the
+  stream until the call has been enqueued, so the events bracket the GPU's run of the call and not the host's
+  Python and launch overhead (the noise of a shared host). What the host does inside the call is still bounded:
+  a gated call counts for at least its host time less `host_allowance_ms`, and for at least the host's
+  release-to-synchronised time less the gate's measured latency (side-stream work that outlasts the end event).
+  The same Timer policy times eager, torch.compile and the candidate, so the three are measured alike.
 - CPU: `perf_counter` around each call; the trusted side's wall clock bounds it the same way.
 """
 
@@ -76,9 +82,19 @@ class PersistingL2:
 class Timer:
     """Times calls with fresh arguments per call. Build it before any untrusted code runs (see module doc)."""
 
-    def __init__(self, cuda: bool, flush: torch.Tensor | None = None):
+    def __init__(self, cuda: bool, flush: torch.Tensor | None = None, gate: Any = None,
+                 host_allowance_ms: float = 0.1):
+        """cuda: time with CUDA events (else perf_counter); flush: the L2 flush buffer (l2_flush_buffer); gate: a
+        sandbox.timing_gate.Gate of this process, or None (ungated: the events include the host's time to enqueue
+        the call); host_allowance_ms: gated calls only, how much of the host's time to enqueue a call is not
+        counted (see `run`)."""
         self.cuda = cuda
         self.flush = flush
+        self.gate = gate if cuda else None
+        self.host_allowance_ms = float(host_allowance_ms)
+        self.ungated: set[str] = set()  # labels whose gate expired twice: timed without it from then on
+        self._expiries: dict[str, int] = {}
+        self.gate_latency_ms = 0.0
         self._perf = _PERF
         self._refs: dict[str, Any] = {"time.perf_counter": time.perf_counter, "timing.Timer.run": Timer.run,
                                       "timing.Timer.tampered": Timer.tampered}
@@ -93,6 +109,31 @@ class Timer:
                                "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
                                "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
         self._codes = {k: getattr(v, "__code__", None) for k, v in self._refs.items()}
+        if self.gate is not None:
+            self._stream = torch.cuda.current_stream
+            self._refs["torch.cuda.current_stream"] = torch.cuda.current_stream
+            self._codes["torch.cuda.current_stream"] = getattr(torch.cuda.current_stream, "__code__", None)
+            self.gate_latency_ms = self._gate_latency()
+
+    def _gate_latency(self, n: int = 9) -> float:
+        """The host's view of an empty gated call (release to synchronised, less the events' interval), upper
+        quartile of n, plus 5 us, at most 50 us (the trusted side's bound, reference_worker._event_floor): what
+        `run` allows a gated call's host-side figure over its events."""
+        sync, rec, ela, gate = self._sync, self._record, self._elapsed, self.gate
+        extra = []
+        for _ in range(n):
+            sync()
+            s = self._event(enable_timing=True)
+            e = self._event(enable_timing=True)
+            gate.close(self._stream().cuda_stream)
+            rec(s)
+            rec(e)
+            t1 = self._perf()
+            gate.open()
+            sync()
+            extra.append((self._perf() - t1) * 1e3 - ela(s, e))
+        extra.sort()
+        return min(max(extra[(3 * n) // 4], 0.0) + 0.005, 0.05)
 
     def _current(self) -> dict[str, Any]:
         cur = {"time.perf_counter": time.perf_counter, "timing.Timer.run": Timer.run,
@@ -102,6 +143,8 @@ class Timer:
                         "torch.cuda.Event.record": torch.cuda.Event.record,
                         "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
                         "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
+            if self.gate is not None:
+                cur["torch.cuda.current_stream"] = torch.cuda.current_stream
         return cur
 
     def tampered(self) -> list[str]:
@@ -113,11 +156,21 @@ class Timer:
         return out
 
     def run(self, fn: Callable[[Any], Any], args_per_call: Sequence[Any], after: Callable[[Any], None] | None = None,
-            ) -> dict[str, Any]:
+            label: str = "") -> dict[str, Any]:
         """Call fn(args_per_call[k]) for each k, timed. `after(out)` runs untimed after each call.
 
-        Returns {ms_per_call, loop_ms (in-process wall clock over the timed regions), event_ms (CUDA: sum of event
-        intervals; CPU: same as loop_ms), calls}. Exceptions from fn propagate.
+        Gated (CUDA with a gate, `label` not in `ungated`): per call, the gate holds the stream while fn enqueues
+        its work; the call's figure is the largest of (a) its events' interval (the GPU's run of the call), (b) the
+        host's release-to-synchronised time less `gate_latency_ms` (work on other streams that outlasts the end
+        event counts), (c) the host's time inside fn less `host_allowance_ms` (host work hidden behind the gate
+        counts beyond the allowance). A call whose gate expired (fn synchronised while held, took longer than the
+        gate's timeout, or loaded a kernel lazily: CUDA's lazy loading waits for the device) counts its whole wall
+        clock; a label whose gate expired twice is timed ungated from then on.
+
+        Returns {ms_per_call, loop_ms (in-process wall clock over the timed regions), event_ms (CUDA: sum of the
+        per-call figures; CPU: same as loop_ms), calls, gated (calls timed behind the gate), gate_expired,
+        host_ms (gated: the median of the host's time inside fn per call; else 0)}.
+        Exceptions from fn propagate.
         """
         perf = self._perf
         calls = len(args_per_call)
@@ -130,8 +183,11 @@ class Timer:
                 if after is not None:
                     after(out)
             ms = loop * 1e3
-            return {"ms_per_call": ms / max(calls, 1), "loop_ms": ms, "event_ms": ms, "calls": calls}
+            return {"ms_per_call": ms / max(calls, 1), "loop_ms": ms, "event_ms": ms, "calls": calls, "gated": 0,
+                    "gate_expired": 0, "host_ms": 0.0}
         sync, rec, ela = self._sync, self._record, self._elapsed
+        if self.gate is not None and label not in self.ungated:
+            return self._run_gated(fn, args_per_call, after, label)
         pairs = []
         for a in args_per_call:
             self._l2.reset()
@@ -151,7 +207,66 @@ class Timer:
                 after(out)
         sync()
         ev = sum(ela(s, e) for s, e in pairs)
-        return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls}
+        return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls,
+                "gated": 0, "gate_expired": 0, "host_ms": 0.0}
+
+    def _run_gated(self, fn: Callable[[Any], Any], args_per_call: Sequence[Any],
+                   after: Callable[[Any], None] | None, label: str) -> dict[str, Any]:
+        """`run` on CUDA behind the gate (see run's doc)."""
+        perf, sync, rec, ela, gate = self._perf, self._sync, self._record, self._elapsed, self.gate
+        stream = self._stream
+        lat, allow = self.gate_latency_ms, self.host_allowance_ms
+        loop = 0.0
+        total = 0.0
+        gated = expired = 0
+        hosts: list[float] = []
+        for k, a in enumerate(args_per_call):
+            if label in self.ungated:  # the gate expired earlier in this run: the rest ungated
+                rest = self.run(fn, args_per_call[k:], after, label)
+                loop += rest["loop_ms"] / 1e3
+                total += rest["event_ms"]
+                break
+            self._l2.reset()
+            if self.flush is not None:
+                self.flush.zero_()
+            sync()
+            s = self._event(enable_timing=True)
+            e = self._event(enable_timing=True)
+            gate.close(stream().cuda_stream)
+            rec(s)
+            t0 = perf()
+            try:
+                out = fn(a)
+                rec(e)
+            finally:
+                t1 = perf()
+                gate.open()  # whatever fn did, the stream is not left held
+            sync()
+            t2 = perf()
+            loop += t2 - t0
+            hosts.append((t1 - t0) * 1e3)
+            if gate.expired():
+                expired += 1
+                self._expiries[label] = self._expiries.get(label, 0) + 1
+                if self._expiries[label] >= 2:
+                    self.ungated.add(label)
+                total += (t2 - t0) * 1e3
+            else:
+                gated += 1
+                total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, lat, allow)
+            if after is not None:
+                after(out)
+        calls = len(args_per_call)
+        hosts.sort()
+        return {"ms_per_call": total / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": total, "calls": calls,
+                "gated": gated, "gate_expired": expired, "host_ms": hosts[len(hosts) // 2] if hosts else 0.0}
+
+
+def gated_figure(event_ms: float, release_to_sync_ms: float, host_ms: float, latency_ms: float,
+                 allowance_ms: float) -> float:
+    """One gated call's time (ms): the largest of its events' interval, the host's release-to-synchronised time less
+    the gate's latency, and the host's time inside the call less the allowance (Timer.run)."""
+    return max(event_ms, release_to_sync_ms - latency_ms, host_ms - allowance_ms)
 
 
 def trusted_estimate(wall_ms: float, rtt_ms: float, overhead_ms: float, calls: int, prep_ms: Any,

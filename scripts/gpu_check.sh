@@ -10,7 +10,7 @@
 # Environment:
 #   GPU_TESTS=0        skip the tests (benchmarks only)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
-#                      sandbox (200 s), noise (120 s), learner (300 s), actor (270 s), fleet (300 s),
+#                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (270 s), fleet (300 s),
 #                      tasks (150 s), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
@@ -54,7 +54,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
   case $b in
     sandbox) run_bench sandbox 200 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_bench" --builds 6 \
                --ext-builds 2 --evals 8 --sections build,e2e ;;
-    noise)   run_bench noise 120 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_noise" --sections noise ;;
+    noise)   run_bench noise 220 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_noise" --sections noise ;;
     learner) run_bench learner 300 python3 benchmarks/learner_bench.py --out "$out/learner" \
                --sections update,publish --versions 3 --reps 3 --variants mb1:remat,mb2:remat,mb1:noremat ;;
     xaccel)  run_bench xaccel 60 python3 benchmarks/learner_bench.py --out "$out/learner_x" --sections xaccel_save

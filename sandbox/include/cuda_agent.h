@@ -17,7 +17,8 @@
      vectorises (relative error about 1e-6 on the ranges tasks use).
    - cubin only: NTHREADS (256) and block_reduce(v, op), a block-wide reduction (op 0 sum, 1 max, 2 min) whose
      result every thread of the block gets.
-   The header only defines inline functions and macros: a build that includes it has no extra symbols. */
+   The header only defines inline functions and macros: a build that includes it has no extra symbols.
+   The fused family's demonstrations (tasks/demos) include it rather than a copy: their tests check a change here. */
 #ifndef CUDA_AGENT_H
 #define CUDA_AGENT_H
 #include <math.h>

@@ -11,6 +11,11 @@ Two variants of different speed (sandbox/FORMATS.md for the formats):
          epilogue applied at the store (cpu: OpenMP, loop order chosen by B's layout; cubin: 16x16 shared-memory
          tiles). A non-empty GEMM prologue is materialised first by one fused pointwise kernel.
 
+Both include the sandbox's helper header (`#include "cuda_agent.h"`, sandbox/include: the scalar activations,
+`block_reduce` under nvcc, the branch-free vectorisable math on the cpu) rather than carrying a prelude of their
+own; the naive cpu kernels keep libm's math (`#define CA_LIBM_MATH` before the include). model_new.py takes the
+shape helpers `bcast` and `row_geometry` from sandbox.runtime.
+
 `render(program, fmt, variant)` returns the solution's files: `model_new.py` and one kernel file.
 """
 
@@ -18,197 +23,10 @@ from __future__ import annotations
 
 import textwrap
 
-from tasks.demos.ir import SELU_ALPHA, SELU_SCALE, Gemm, Program, RowOp, Scan, Step, lit
+from tasks.demos.ir import Gemm, Program, RowOp, Scan, Step, lit
 
 FORMATS = ("cpu", "cubin")
 VARIANTS = ("naive", "fused")
-
-HELPERS = r"""
-DEV float relu_f(float x) { return x > 0.0f ? x : 0.0f; }
-DEV float relu6_f(float x) { return fminf(fmaxf(x, 0.0f), 6.0f); }
-DEV float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-DEV float silu_f(float x) { return x / (1.0f + expf(-x)); }
-DEV float gelu_erf_f(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-DEV float gelu_tanh_f(float x) { return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
-DEV float softplus_f(float x, float beta, float threshold) { return beta * x > threshold ? x : log1pf(expf(beta * x)) / beta; }
-DEV float elu_f(float x, float alpha) { return x > 0.0f ? x : alpha * (expf(x) - 1.0f); }
-DEV float celu_f(float x, float alpha) { return fmaxf(x, 0.0f) + fminf(0.0f, alpha * (expf(x / alpha) - 1.0f)); }
-DEV float selu_f(float x) { return SELU_SCALE * (x > 0.0f ? x : SELU_ALPHA * (expf(x) - 1.0f)); }
-DEV float leaky_relu_f(float x, float slope) { return x > 0.0f ? x : x * slope; }
-DEV float hardtanh_f(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
-DEV float hardswish_f(float x) { return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
-DEV float hardsigmoid_f(float x) { return fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
-DEV float mish_f(float x) { return x * tanhf(softplus_f(x, 1.0f, 20.0f)); }
-DEV float softsign_f(float x) { return x / (1.0f + fabsf(x)); }
-DEV float logsigmoid_f(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
-DEV float tanhshrink_f(float x) { return x - tanhf(x); }
-DEV float softshrink_f(float x, float l) { return x > l ? x - l : (x < -l ? x + l : 0.0f); }
-DEV float hardshrink_f(float x, float l) { return (x > l || x < -l) ? x : 0.0f; }
-DEV float neg_f(float x) { return -x; }
-DEV float rsqrt_f(float x) { return 1.0f / sqrtf(x); }
-DEV float square_f(float x) { return x * x; }
-DEV float reciprocal_f(float x) { return 1.0f / x; }
-DEV float prelu_f(float x, float w) { return x >= 0.0f ? x : w * x; }
-DEV float logaddexp_f(float a, float b) {
-    float m = fmaxf(a, b);
-    if (m == -INFINITY) return -INFINITY;
-    return m + log1pf(expf(-fabsf(a - b)));
-}
-""".replace("SELU_ALPHA", f"{SELU_ALPHA:.9f}f").replace("SELU_SCALE", f"{SELU_SCALE:.9f}f")
-
-# Branch-free float math without libm calls, for the fused cpu kernels: gcc -O3 vectorises loops over these
-# (libm's expf & co. are scalar calls, and sqrtf keeps an errno branch without -fno-math-errno). Rules that
-# keep them vectorisable: no memcpy (bit casts), selects only between values already computed, rounding by
-# the 1.5 * 2^23 trick. Relative error about 1e-6 on the ranges the tasks use (checked in the tests).
-VECTOR_MATH = r"""
-#include <stdint.h>
-static inline float vm_bits2f(int32_t i) { return __builtin_bit_cast(float, i); }
-static inline int32_t vm_f2bits(float f) { return __builtin_bit_cast(int32_t, f); }
-static inline float vm_max(float a, float b) { return a > b ? a : b; }
-static inline float vm_min(float a, float b) { return a < b ? a : b; }
-static inline float vm_abs(float a) { return vm_bits2f(vm_f2bits(a) & 0x7fffffff); }
-static inline float vm_exp(float x) {
-    float xc = x < -87.33654f ? -87.33654f : x;
-    xc = xc > 88.37626f ? 88.37626f : xc;
-    float t = xc * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    float y = p * vm_bits2f(((int32_t)n + 127) << 23);
-    float inf = INFINITY, zero = 0.0f;
-    y = x > 88.7228f ? inf : y;
-    return x < -87.33654f ? zero : y;
-}
-static inline float vm_log(float x) {
-    int32_t b = vm_f2bits(x);
-    int32_t e = ((b >> 23) & 0xff) - 127;
-    float m = vm_bits2f((b & 0x007fffff) | 0x3f800000);
-    float mh = m * 0.5f;
-    int big = m > 1.41421356f;
-    m = big ? mh : m;
-    float ef = (float)(e + big);
-    float s = (m - 1.0f) / (m + 1.0f), z = s * s;
-    float p = 2.0f / 9.0f;
-    p = p * z + 2.0f / 7.0f;
-    p = p * z + 2.0f / 5.0f;
-    p = p * z + 2.0f / 3.0f;
-    p = p * z + 2.0f;
-    float y = ef * 0.69314718055994531f + s * p;
-    float inf = INFINITY, ninf = -INFINITY, nan = NAN;
-    y = x == inf ? inf : y;
-    y = x == 0.0f ? ninf : y;
-    return (x < 0.0f || x != x) ? nan : y;
-}
-static inline float vm_log1p(float x) {
-    float u = 1.0f + x;
-    float d = u - 1.0f;
-    float y = vm_log(u) - (d - x) / u;
-    return d == 0.0f ? x : y;
-}
-static inline float vm_sqrt(float x) {
-    float y = vm_bits2f(0x5f3759df - (vm_f2bits(x) >> 1));
-    y = y * (1.5f - 0.5f * x * y * y);
-    y = y * (1.5f - 0.5f * x * y * y);
-    y = y * (1.5f - 0.5f * x * y * y);
-    float r = x * y;
-    float inf = INFINITY, nan = NAN;
-    r = x == inf ? inf : r;
-    return x < 0.0f ? nan : r;
-}
-static inline float vm_tanh(float x) {
-    float a = vm_abs(x);
-    float t = vm_exp(-2.0f * a);
-    float r = (1.0f - t) / (1.0f + t);
-    float nr = -r;
-    float z = x * x;
-    float small = x * (1.0f + z * (-0.333333333f + z * 0.133333333f));
-    r = x < 0.0f ? nr : r;
-    return a < 0.02f ? small : r;
-}
-static inline float vm_erf(float x) {
-    float a = vm_abs(x);
-    float t = 1.0f / (1.0f + 0.3275911f * a);
-    float p = 1.061405429f;
-    p = p * t - 1.453152027f;
-    p = p * t + 1.421413741f;
-    p = p * t - 0.284496736f;
-    p = p * t + 0.254829592f;
-    float y = 1.0f - p * t * vm_exp(-a * a);
-    float ny = -y;
-    y = x < 0.0f ? ny : y;
-    float z = x * x;
-    float series = 1.1283791670955126f * x * (1.0f + z * (-0.333333333f + z * (0.1f + z * (-0.0238095238f + z * 0.00462962963f))));
-    return a < 0.5f ? series : y;
-}
-static inline float vm_sincos(float x, int want_cos) {
-    float t = x * 0.636619772367581343f;
-    float k = (t + 12582912.0f) - 12582912.0f;
-    float r = x - k * 1.5703125f - k * 4.8375129699707031e-4f - k * 7.5497899548918821e-8f;
-    int q = ((int)k + want_cos) & 3;
-    float z = r * r;
-    float s = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z * -1.9515295891e-4f));
-    float c = 1.0f - 0.5f * z + z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f + z * 2.443315711809948e-5f));
-    float v = (q & 1) ? c : s;
-    float nv = -v;
-    return (q & 2) ? nv : v;
-}
-static inline float vm_sin(float x) { return vm_sincos(x, 0); }
-static inline float vm_cos(float x) { return vm_sincos(x, 1); }
-static inline float vm_atan(float x) {
-    float a = vm_abs(x);
-    int r1 = a > 2.414213562373095f, r2 = a > 0.4142135623730950f;
-    float inv = -1.0f / a, mid = (a - 1.0f) / (a + 1.0f);
-    float y0 = r1 ? 1.570796326794896f : (r2 ? 0.785398163397448f : 0.0f);
-    float xr = r1 ? inv : (r2 ? mid : a);
-    float z = xr * xr;
-    float p = (((8.05374449538e-2f * z - 1.38776856032e-1f) * z + 1.99777106478e-1f) * z - 3.33329491539e-1f) * z * xr + xr;
-    float y = y0 + p, ny = -y;
-    return x < 0.0f ? ny : y;
-}
-#define expf vm_exp
-#define logf vm_log
-#define log1pf vm_log1p
-#define sqrtf vm_sqrt
-#define tanhf vm_tanh
-#define erff vm_erf
-#define sinf vm_sin
-#define cosf vm_cos
-#define atanf vm_atan
-#define fabsf vm_abs
-#define fmaxf vm_max
-#define fminf vm_min
-"""
-
-CUDA_BLOCK = r"""
-#define NTHREADS 256
-__device__ __forceinline__ float combine(float a, float b, int op) {
-    return op == 0 ? a + b : (op == 1 ? fmaxf(a, b) : fminf(a, b));
-}
-// Reduce one value per thread over the block (op 0 sum, 1 max, 2 min); every thread gets the result.
-__device__ float block_reduce(float v, int op) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_down_sync(0xffffffffu, v, o), op);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    int nwarps = (blockDim.x + 31) >> 5;
-    float ident = op == 0 ? 0.0f : (op == 1 ? -INFINITY : INFINITY);
-    v = (threadIdx.x < nwarps) ? partial[threadIdx.x] : ident;
-    if (warp == 0)
-        for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_down_sync(0xffffffffu, v, o), op);
-    if (threadIdx.x == 0) partial[0] = v;
-    __syncthreads();
-    float r = partial[0];
-    __syncthreads();
-    return r;
-}
-"""
 
 _SCAN_OPS = {  # kind -> (C combine of (acc, v), identity)
     "cumsum": ("({a} + {b})", "0.0f"), "cumprod": ("({a} * {b})", "1.0f"), "cummax": ("fmaxf({a}, {b})", "-INFINITY"),
@@ -245,10 +63,12 @@ _INIT = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 
 
 def _prelude(fmt: str, vector_math: bool = False) -> str:
-    head = "#include <math.h>\n#include <stdlib.h>\n" if fmt == "cpu" else "#include <math.h>\n"
-    if fmt == "cpu":
-        return head + (VECTOR_MATH if vector_math else "") + "#define DEV static inline\n" + HELPERS
-    return head + "#define DEV __device__ __forceinline__\n" + HELPERS + CUDA_BLOCK
+    """The kernel file's first lines: the sandbox's helper header (sandbox/include/cuda_agent.h: DEV, the scalar
+    activations, block_reduce under nvcc, the cpu's vectorisable math). vector_math False keeps libm's math on
+    the cpu (the naive variant's scalar calls)."""
+    if fmt == "cpu" and not vector_math:
+        return '#define CA_LIBM_MATH\n#include "cuda_agent.h"\n'
+    return '#include "cuda_agent.h"\n'
 
 
 def _kernel_decl(fmt: str, name: str, args: list[str]) -> str:
@@ -299,7 +119,7 @@ class _Scope:
         out = list(self.inputs)
         for p in self.params:
             par = self.prog.params[p]
-            out += [par.expr, f"*_bcast({par.expr}, {ref}, {par.axis!r})"]
+            out += [par.expr, _bcast_call(par.expr, ref, par.axis)]
         return out + [self.prog.floats[f] for f in self.floats]
 
 
@@ -367,59 +187,37 @@ def _value_fn(fmt: str, name: str, prog: Program, steps: list[Step], want: str, 
 
 # ------------------------------------------------------------------------------------------------ model_new.py
 
-_PY_HEAD = '''import torch
+_PY_HEAD = """import torch
 import torch.nn as nn
 
-from sandbox.runtime import load_kernels
+from sandbox.runtime import {imports}
 
 K = load_kernels()
+"""
 
 
-def _bcast(p, x, axis=None):
-    """(count, inner) such that element i of x reads p[(i // inner) % count].
-
-    axis None: torch broadcasting (p's shape aligned to the right of x's); an int: p runs along that axis of x.
-    """
-    if p.numel() == 1:
-        return 1, 1
-    if axis is None:
-        axis = x.dim() - p.dim()
-    inner = 1
-    for s in x.shape[axis + 1:]:
-        inner *= s
-    return x.shape[axis], inner
-'''
-
-_PY_ROW = '''
-
-def _row_geometry(shape, mode, d, keepdim, reduces):
-    """(outer, cols, inner, out_shape) of a row operation over axis d ("axis"), axes d.. ("from") or the last."""
-    nd = len(shape)
-    k = nd - 1 if mode == "last" else (d if d >= 0 else nd + d)
-    outer = 1
-    for s in shape[:k]:
-        outer *= s
-    if mode == "axis":
-        cols, inner = shape[k], 1
-        for s in shape[k + 1:]:
-            inner *= s
-        rest = list(shape[k + 1:])
-        out = list(shape[:k]) + ([1] if keepdim else []) + rest
-    else:
-        cols, inner = 1, 1
-        for s in shape[k:]:
-            cols *= s
-        out = list(shape[:k]) + ([1] * (nd - k) if keepdim else [])
-    return outer, cols, inner, (out if reduces else list(shape))
-'''
+def _bcast_call(expr: str, ref: str, axis: int | None) -> str:
+    """The `p_count, p_inner` launch arguments of a parameter broadcast over `ref` (sandbox.runtime.bcast)."""
+    return f"*bcast({expr}, {ref}" + (f", {axis})" if axis is not None else ")")
 
 
-def _py_model(prog: Program, forward_body: list[str], extra: str = "") -> str:
+def _row_dim(core: RowOp) -> str:
+    """The `dim` argument of sandbox.runtime.row_geometry for the row op's axes."""
+    if core.axis[0] == "last":
+        return "-1"
+    if core.axis[0] == "axis":
+        return str(core.axis[1])
+    return f"({core.axis[1]}, -1)"
+
+
+def _py_model(prog: Program, forward_body: list[str]) -> str:
     init = prog.init_source.replace("def __init__", "def __init__", 1)
     args = ", ".join(["self"] + prog.inputs)
     body = [f"{n} = {n}.contiguous()" for n in prog.inputs] + forward_body
-    return (_PY_HEAD + extra + "\n\nclass ModelNew(nn.Module):\n" + textwrap.indent(init, "    ") + "\n\n"
-            + f"    def forward({args}):\n" + textwrap.indent("\n".join(body), "        ") + "\n")
+    used = "\n".join(body)
+    imports = ", ".join(n for n in ("bcast", "load_kernels", "row_geometry") if n == "load_kernels" or f"{n}(" in used)
+    return (_PY_HEAD.format(imports=imports) + "\n\nclass ModelNew(nn.Module):\n" + textwrap.indent(init, "    ")
+            + "\n\n" + f"    def forward({args}):\n" + textwrap.indent("\n".join(body), "        ") + "\n")
 
 
 def _launch(fmt: str, name: str, args: list[str], grid: str | None = None, block: str = "256") -> str:
@@ -450,7 +248,6 @@ def _fused(prog: Program, fmt: str) -> dict[str, str]:
     cu = fmt == "cubin"
     src: list[str] = [_prelude(fmt, vector_math=True)]
     py: list[str] = []
-    extra_py = ""
     if core is None:
         one_param = fmt == "cpu" and len({u for st in prog.prologue for u in st.uses if u in prog.params}) == 1
         fn, scope = _value_fn(fmt, "pro", prog, prog.prologue, prog.result, "prologue", None, pidx=one_param)
@@ -489,14 +286,13 @@ if (inn == 1) {{
                _launch(fmt, "fused_forward", scope.py_args(ref) + ["out", "n"], "min((n + 255) // 256, 65535)"),
                "return out"]
     elif isinstance(core, RowOp):
-        extra_py = _PY_ROW
         fn, pscope = _value_fn(fmt, "pro", prog, prog.prologue, core.source, "prologue", None)
         efn, escope = _value_fn(fmt, "epi", prog, prog.epilogue, prog.result, "epilogue", core.target)
         src += [fn, efn]
         src.append(_row_kernel_fused(fmt, core, pscope, escope))
         reduces = core.kind not in ("softmax", "log_softmax", "softmin", "normalize", "layer_norm", "rms_norm")
-        mode, d = (core.axis[0], core.axis[1] if len(core.axis) > 1 else -1)
-        py += [f"outer, cols, inner, out_shape = _row_geometry({ref}.shape, {mode!r}, {d}, {core.keepdim}, {reduces})",
+        py += [f"outer, cols, inner, out_shape = row_geometry({ref}.shape, {_row_dim(core)}, {core.keepdim}, "
+               f"{reduces})",
                f"out = torch.empty(out_shape, dtype={ref}.dtype, device={ref}.device)"]
         aff = [a for a in (core.weight, core.bias) if a]
         args = pscope.py_args(ref) + escope.py_args("out") + aff + ["out", "outer", "cols", "inner"]
@@ -511,7 +307,7 @@ if (inn == 1) {{
     else:
         assert isinstance(core, Gemm)
         py += _gemm_fused(prog, core, fmt, src)
-    return {"model_new.py": _py_model(prog, py, extra_py), f"kernels/fused.{'cu' if cu else 'cpp'}": "\n".join(src)}
+    return {"model_new.py": _py_model(prog, py), f"kernels/fused.{'cu' if cu else 'cpp'}": "\n".join(src)}
 
 
 def _affine_args(core: RowOp) -> list[str]:
@@ -765,7 +561,6 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     py: list[str] = []
     env: dict[str, str] = {n: n for n in prog.inputs}  # python name -> tensor variable
     ref = _shape_ref(prog)
-    extra_py = ""
     counter = [0]
 
     def step_kernels(steps: list[Step], phase: str, ref_var: str) -> None:
@@ -790,7 +585,7 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
             pyargs = [env[u] for u in arrays]
             for p in params:
                 par = prog.params[p]
-                pyargs += [par.expr, f"*_bcast({par.expr}, {ref_var}, {par.axis!r})"]
+                pyargs += [par.expr, _bcast_call(par.expr, ref_var, par.axis)]
             pyargs += [prog.floats[f] for f in floats]
             py.append(f"{out_var} = torch.empty_like({ref_var})")
             py.append(_launch(fmt, f"step{k}", pyargs + [out_var, f"{out_var}.numel()"],
@@ -800,7 +595,6 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     step_kernels(prog.prologue, "prologue", ref)
     core = prog.core
     if isinstance(core, RowOp):
-        extra_py = _PY_ROW
         passes, red, elem, post = _row_final(core)
         cargs = ["const float* __restrict__ s_in"] + _affine_args(core) + [
             "float* __restrict__ out", "long long outer", "long long cols", "long long inner"]
@@ -824,9 +618,8 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
         text = head + "\n".join(body) + ("" if cu else "\n}")
         src.append(_kernel_decl(fmt, "row_naive", cargs) + " {\n" + textwrap.indent(text, "    ") + "\n}\n")
         reduces = red is not None
-        mode, d = (core.axis[0], core.axis[1] if len(core.axis) > 1 else -1)
         s = env[core.source]
-        py += [f"outer, cols, inner, out_shape = _row_geometry({s}.shape, {mode!r}, {d}, {core.keepdim}, {reduces})",
+        py += [f"outer, cols, inner, out_shape = row_geometry({s}.shape, {_row_dim(core)}, {core.keepdim}, {reduces})",
                f"r_out = torch.empty(out_shape, dtype={s}.dtype, device={s}.device)",
                _launch(fmt, "row_naive", [s] + [a for a in (core.weight, core.bias) if a]
                        + ["r_out", "outer", "cols", "inner"], "(outer * inner + 127) // 128", "128")]
@@ -866,7 +659,7 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     if core is not None:
         step_kernels(prog.epilogue, "epilogue", env[core.target])
     py.append(f"return {env[prog.result]}")
-    return {"model_new.py": _py_model(prog, py, extra_py), f"kernels/naive.{'cu' if cu else 'cpp'}": "\n".join(src)}
+    return {"model_new.py": _py_model(prog, py), f"kernels/naive.{'cu' if cu else 'cpp'}": "\n".join(src)}
 
 
 def render(prog: Program, fmt: str, variant: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ statement). `render_compact(program, fmt)` returns the files: `model_new.py` and
 
 from __future__ import annotations
 
-from tasks.demos.codegen import _INIT, _ROW_PASSES, _SCAN_OPS, _shape_ref
+from tasks.demos.codegen import _INIT, _ROW_PASSES, _SCAN_OPS, _bcast_call, _row_dim, _shape_ref
 from tasks.demos.ir import REDUCTIONS, Gemm, Program, RowOp, Scan, Step, lit
 
 _C_RESERVED = {"i", "n", "out", "r", "c", "s", "float", "int", "long", "double", "char", "if", "else", "for",
@@ -116,7 +116,7 @@ def _pointwise(prog: Program, fmt: str, name: str, steps: list[Step], want: str,
     pyargs = [py_arrays.get(a, a) for a in arrays]
     for p in params:
         par = prog.params[p]
-        pyargs += [par.expr, f"*bcast({par.expr}, {py_ref}" + (f", {par.axis})" if par.axis is not None else ")")]
+        pyargs += [par.expr, _bcast_call(par.expr, py_ref, par.axis)]
     pyargs += [prog.floats[f] for f in floats]
     py = [f"{py_out} = torch.empty_like({py_ref})",
           _launch(fmt, name, pyargs + [py_out, f"{py_out}.numel()"], f"{py_out}.numel()")]
@@ -131,14 +131,6 @@ def _balanced(s: str) -> bool:
         if depth < 0:
             return False
     return depth == 0
-
-
-def _row_dim(core: RowOp) -> str:
-    if core.axis[0] == "last":
-        return "-1"
-    if core.axis[0] == "axis":
-        return str(core.axis[1])
-    return f"({core.axis[1]}, -1)"
 
 
 def _row_op(fmt: str, core: RowOp, src_var: str, out_var: str) -> tuple[str, list[str]]:

@@ -23,9 +23,6 @@ import ast
 import math
 from dataclasses import dataclass, field
 
-SELU_ALPHA = 1.6732632423543772848170429916717
-SELU_SCALE = 1.0507009873554804934193349852946
-
 
 class Unsupported(ValueError):
     """The reference is outside the fused family (the message says what is outside it)."""
