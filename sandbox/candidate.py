@@ -126,9 +126,9 @@ class Worker:
         from sandbox import runtime, wire
         from sandbox import guard as guard_mod
         from sandbox import integrity
-        from sandbox.integrity import (HarnessSnapshot, HookState, Monitor, StateSnapshot, install_ctypes_guards,
-                                       install_hook_guards, install_import_hook, install_thread_guard,
-                                       install_torch_wrappers)
+        from sandbox.integrity import (FuncPtrState, HarnessSnapshot, HookState, Monitor, StateSnapshot,
+                                       install_ctypes_guards, install_hook_guards, install_import_hook,
+                                       install_thread_guard, install_torch_wrappers)
         from sandbox.static_check import allowed_imports
         from sandbox.timing import Timer, l2_flush_buffer
         from sandbox.timing_gate import load_gate
@@ -147,10 +147,6 @@ class Worker:
         self._encode, self._decode = wire.encode_value, wire.decode_value
         # Trusted pieces, built before any candidate code exists (sandbox.integrity, sandbox.timing).
         self.runtime = runtime
-        gate = gate or {}
-        timing_gate = load_gate(gate.get("cubin"), float(gate.get("timeout_ms", 50.0)), device) if self.cuda else None
-        self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None, timing_gate,
-                           float(gate.get("allowance_ms", 0.1)))
         libs, syms = _manifest_allow_list()
         self.monitor = Monitor.install(ws, fmt, libs, syms) if monitor else Monitor(ws, fmt, libs, syms)
         self.hooks = HookState()  # before the guards below: it keeps the original signal functions to put back
@@ -160,6 +156,13 @@ class Worker:
             install_torch_wrappers(self.monitor)
             install_ctypes_guards(self.monitor)
             install_hook_guards(self.monitor)
+        self.funcptrs = FuncPtrState()  # after install_ctypes_guards: the function-pointer classes as it left them
+        # the timer's gate after the monitor: the CUDA driver the gate loads (sandbox.runtime._Driver) hands its launch
+        # call to the installed monitor (sandbox.integrity.KERNEL_EVENT), as it would if a solution loaded it first
+        gate = gate or {}
+        timing_gate = load_gate(gate.get("cubin"), float(gate.get("timeout_ms", 50.0)), device) if self.cuda else None
+        self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None, timing_gate,
+                           float(gate.get("allowance_ms", 0.1)))
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({
@@ -199,14 +202,14 @@ class Worker:
         # every function of the harness's modules, the callables of what they rely on, and the trusted objects' own
         # attributes, as they are now (before any solution code)
         self.identities = integrity.harness_identities({
-            "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "state", "harness", "equal", "guard_cls",
-                              "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison", "ws", "fmt",
-                              "device", "cuda"]),
+            "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "funcptrs", "state", "harness", "equal",
+                              "guard_cls", "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison",
+                              "ws", "fmt", "device", "cuda"]),
             "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs",
                                    "gate", "host_allowance_ms", "gate_latency_ms", "ungated"]),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
-            **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_a_flag", "_a_want",
-                                       "_a_timeout", "_a_expired"])} if timing_gate is not None else {}),
+            **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_launch", "_a_flag",
+                                       "_a_want", "_a_timeout", "_a_expired"])} if timing_gate is not None else {}),
         })
 
     def _to_device(self, v: Any) -> Any:
@@ -241,6 +244,7 @@ class Worker:
         out = [f"{k}: {d}" for k, d in self.monitor.violations]
         self.monitor.violations.clear()
         out += self.hooks.check()
+        out += self.funcptrs.check()
         if full:
             out += [f"monkeypatch: torch function {n} was replaced by the solution" for n in self.state.replaced()[:4]]
             out += [f"timer_tampering: {n} was replaced by the solution" for n in self.timer.tampered()]

@@ -9,9 +9,17 @@ hack needs, at a level the solution cannot switch off:
   stack (a frame whose file lies in the workspace) it records, and refuses by raising, the events a hack needs:
   frame and garbage-collector introspection (`sys._getframe`, `tb_frame`/`gi_frame`, `gc.get_objects`), `exec` /
   `compile` from candidate frames, code-object swaps (`__code__` assignment), libraries and symbols loaded through
-  ctypes other than the build's own artefacts and the launcher's driver calls, raw memory access through ctypes
-  (string_at, from_address, memmove, memset, cast), `/proc/*/mem` and the reference file, processes, sockets,
-  `mmap`, new audit hooks and thread starts.
+  ctypes other than the build's own artefacts and the launcher's driver calls (and those too when anything but
+  sandbox.runtime looks them up), raw memory access through ctypes (string_at, from_address, from_buffer, memmove,
+  memset, cast, `_ctypes.call_function`, and foreign functions made from an integer address: every class derived
+  from _ctypes.CFuncPtr judges its construction, `_install_funcptr_guard`, and `FuncPtrState` looks for classes
+  that bypass it at every boundary), `/proc/*/mem` and the reference file, processes, sockets, `mmap`, new audit
+  hooks and thread starts. Direct guards (the immediate caller must be the solution) see through the standard
+  library and generated code, and through any other library frame whose code does not name the guarded function
+  (a higher-order function calling what it was handed: `torch.utils._pytree.tree_map(torch.Tensor.numpy, x)`).
+- The kernels' foreign functions: the launcher hands each one (and the CUDA driver's cuLaunchKernel) to the monitor
+  (KERNEL_EVENT), which keeps it and gives back a wrapper only a launch may call (the launch counts itself first),
+  so no object of the process leads to a raw entry point a launch nobody counted could go through.
 - The import hook (`install_import_hook`): an import statement in candidate code is recognised from the bytecode
   of the importing frame (`IMPORT_NAME`), not from the arguments; any other route to `__import__` with a candidate
   frame as the caller (an explicit `__import__` call, or C code running on the candidate's behalf) may only reach
@@ -81,10 +89,14 @@ GUARD_EVENT = "cuda_agent.guarded"  # sys.audit(GUARD_EVENT, kind, detail, direc
 FETCH_EVENT = "cuda_agent.monitor"  # sys.audit(FETCH_EVENT, box): harness code asks for the installed monitor
 CALL_EVENT = "cuda_agent.call"  # sys.audit(CALL_EVENT, args, kwargs, box): a wrapper asks for its original's call
 LAUNCH_EVENT = "cuda_agent.launch"  # sys.audit(LAUNCH_EVENT, name): sandbox.runtime._count, one kernel launch
+# sys.audit(KERNEL_EVENT, fn, name, box): the launcher hands a kernel's foreign function (or the driver's launch call)
+# to the monitor, which keeps it and puts in box a wrapper that only the launches themselves may call
+KERNEL_EVENT = "cuda_agent.kernel"
 # every event a rule of Monitor._judge looks at (the hook returns at once for the others)
 _RULED = frozenset({GUARD_EVENT, FETCH_EVENT, "sys._getframe", "sys._getframemodulename", "object.__getattr__",
                     "object.__setattr__", "object.__delattr__", "exec", "compile", "code.__new__", "function.__new__",
-                    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "open", "mmap.__new__"}
+                    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.call_function",
+                    "open", "mmap.__new__"}
                    | _INTROSPECTION_EVENTS | _CTYPES_MEMORY | _FS_EVENTS | _PROCESS_EVENTS | _NET_EVENTS)
 # events whose rule looks first at the one frame that raised them (Monitor._judge: the caller must be the solution, or
 # for sys._getframe a frame helper of the standard library, which then walks the stack): in the harness phase the
@@ -122,6 +134,38 @@ def _launch_codes() -> tuple[Any, set[int]]:
     return runtime._count.__code__, codes
 
 
+def _cpu_init_code() -> Any:
+    from sandbox import runtime
+
+    return runtime.CpuKernel.__init__.__code__
+
+
+def _cpu_launch_code() -> Any:
+    """Code of sandbox.runtime.CpuKernel.__call__, whose launches the monitor counts at the foreign call itself."""
+    from sandbox import runtime
+
+    return runtime.CpuKernel.__call__.__code__
+
+
+def _runtime_codes() -> tuple[Any, dict[int, Any], dict[int, Any]]:
+    """(code of sandbox.runtime._guarded, which raises KERNEL_EVENT, {id: code} of its callers, the launcher's
+    registrations of foreign functions (CpuKernel.__init__, _Driver.__init__), {id: code} of every function of
+    sandbox.runtime: the launcher, which alone looks up the build's symbols)."""
+    from sandbox import runtime
+
+    reg = {id(f.__code__): f.__code__ for f in (runtime.CpuKernel.__init__, runtime._Driver.__init__)}
+    every: dict[int, Any] = {}
+    for v in list(vars(runtime).values()):
+        for f in ([v] + list(vars(v).values()) if isinstance(v, type) and v.__module__ == runtime.__name__ else [v]):
+            code = getattr(f, "__code__", None)
+            if isinstance(code, types.CodeType) and code.co_filename == runtime.__file__:
+                every[id(code)] = code
+    return runtime._guarded.__code__, reg, every
+
+
+_CTYPES_DIR = os.path.dirname(os.path.realpath(__import__("ctypes").__file__)) + "/"
+
+
 def _trusted_exec_callers() -> dict[int, Any]:
     """{id(code): code} of the standard library's functions that exec / eval source they generate from validated
     identifiers (collections.namedtuple; dataclasses' method builders): their exec is not the solution's."""
@@ -156,6 +200,10 @@ class Monitor:
         self._exec_callers = _trusted_exec_callers()
         self.launches: dict[str, int] = {}  # kernel name -> launches, counted from LAUNCH_EVENT (see _count_launch)
         self._count_code, self._launch_codes = _launch_codes()
+        self._guarded_code, self._register_codes, self._runtime_codes = _runtime_codes()
+        self._cpu_launch = _cpu_launch_code()
+        self._cpu_init = _cpu_init_code()
+        self._kernel_names: dict[int, str] = {}  # wrapper code id -> cpu kernel name (counted where it is called)
         self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
         self._busy = False
         self._getframe = sys._getframe
@@ -194,7 +242,7 @@ class Monitor:
         """What the monitor judges by (compared with a trusted copy at every boundary)."""
         return (self.ws, self.fmt, frozenset(self.allowed_libs), frozenset(self.allowed_symbols),
                 frozenset(self.allowed_files), self.read_roots, self._reference, self._getframe,
-                frozenset((k, id(o[1])) for k, o in self._originals.items()))
+                frozenset((k, id(o[1])) for k, o in self._originals.items() if o[2] != "launch"))
 
     # -------------------------------------------------------------------- attribution
     def _is_candidate(self, code: Any) -> bool:
@@ -216,17 +264,23 @@ class Monitor:
         f = self._getframe(depth)
         return f is not None and self._is_candidate(f.f_code)
 
-    def _acting_for_candidate(self, f: Any) -> bool:
+    def _acting_for_candidate(self, f: Any, name: str | None = None) -> bool:
         """Whether frame f is the solution's, or forwards for it: frames of generated code ("<string>": dataclass
         __init__, namedtuple) and of the standard library (functools.singledispatch, ...) between f and the first
         other frame are skipped, so a guarded call the solution routes through them counts as its own (the
-        attribution of direct guards; torch's own callers of the guarded functions are not skipped)."""
+        attribution of direct guards). name (the guarded function's name, for the wrappers of _wrap): that first
+        other frame (torch, say) uses the guarded function itself only if its code names it (co_names: the global
+        or attribute it calls, as torch's dispatch machinery does with _pop_mode_temporarily); one that does not
+        called a callable it was handed (torch.utils._pytree.tree_map(torch.Tensor.numpy, x), Module.apply, vmap,
+        ...): the call is then the solution's when a frame of the solution is further up the stack."""
         while f is not None:
             code = f.f_code
             if self._is_candidate(code):
                 return True
             if not _forwarding_glue(code.co_filename):
-                return False
+                if name is None or name in code.co_names:
+                    return False
+                return self._candidate_from(f.f_back)
             f = f.f_back
         return False
 
@@ -250,6 +304,9 @@ class Monitor:
         if event == LAUNCH_EVENT:
             self._count_launch(args)
             return
+        if event == KERNEL_EVENT:
+            self._take_kernel(args)
+            return
         if event not in _RULED or self._busy:
             return
         if event == "object.__getattr__" and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
@@ -272,18 +329,26 @@ class Monitor:
             self.record(*verdict)
             raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
 
+    def _event_frame(self) -> Any:
+        """The frame that raised the audit event being handled, for the handlers `_hook` calls directly
+        (_call_original, _count_launch, _take_kernel): seen from here, 0 this, 1 the handler, 2 _hook, 3 that frame."""
+        return self._getframe(3)
+
     def _count_launch(self, args: tuple) -> None:
         """LAUNCH_EVENT: counted only when raised by sandbox.runtime._count called from a kernel's launch (code
         identity); from anywhere else it is a forged launch (the solution calling _count, or raising the event)."""
         busy, self._busy = self._busy, True
         try:
-            f = self._getframe(2)  # seen from here: 0 _count_launch, 1 _hook, 2 the frame raising the event
+            f = self._event_frame()
             code = f.f_code if f is not None else None
             caller = f.f_back if f is not None else None
-            ok = (code is not None and code is self._count_code and caller is not None
-                  and id(caller.f_code) in self._launch_codes)
+            launcher = caller.f_code if caller is not None else None
+            ok = code is not None and code is self._count_code and launcher is not None \
+                and id(launcher) in self._launch_codes
         finally:
             self._busy = busy
+        if ok and launcher is self._cpu_launch and self._kernel_names:
+            return  # a cpu kernel's launch is counted where its foreign function is called (_call_original)
         if not ok:
             self.record("harness_tampering", "a kernel launch was counted without a launch (the solution raised the "
                                              "sandbox's launch event or called its counter)")
@@ -303,15 +368,23 @@ class Monitor:
         swaps a wrapper's closure cells, reaches nothing."""
         busy, self._busy = self._busy, True  # (already busy: a wrapper called from another thread mid-judgement)
         try:
-            f = self._getframe(2)  # seen from here: 0 _call_original, 1 _hook, 2 the frame raising the event
+            f = self._event_frame()
             code = f.f_code if f is not None else None  # read once: every f_code read is an audited event
             entry = self._originals.get(id(code)) if code is not None else None
             if entry is None or entry[0] is not code:
                 entry, verdict = None, ("harness_tampering", "the sandbox's call event was raised outside its wrappers")
             elif entry[2] is None:
                 verdict = None
+            elif entry[2] == "launch":  # a kernel's foreign function: only its launcher calls it
+                caller = f.f_back
+                ok = caller is not None and id(caller.f_code) in self._launch_codes
+                verdict = None if ok else ("harness_tampering", f"{entry[3]}: its raw entry point was called outside "
+                                                                "the launcher (an uncounted launch)")
+                name = self._kernel_names.get(id(code)) if ok else None
+                if name is not None:  # counted here, at the kernel's own call (whatever the launcher object holds)
+                    self.launches[name] = self.launches.get(name, 0) + 1
             else:  # the wrapper's caller is f.f_back: the frame _guard_verdict would look up (no second getframe)
-                verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back)
+                verdict = self._guard_verdict(entry[2], entry[3], entry[4], f.f_back, code.co_name)
         finally:
             self._busy = busy
         if verdict is not None:
@@ -320,17 +393,42 @@ class Monitor:
         a, k, box = args
         box.append(entry[1](*a, **k))
 
-    def _guard_verdict(self, kind: str, detail: str, direct: bool, caller: Any = False) -> tuple[str, str] | None:
+    def _take_kernel(self, args: tuple) -> None:
+        """KERNEL_EVENT (fn, name, box): keep a foreign function of the launcher (a kernel's entry point, the
+        driver's launch call) and put in box the wrapper the launcher calls instead, so no object the solution can
+        reach holds the raw function (a call of it would be a launch nobody counted). Taken only from the
+        launcher's own registrations (code identity); from anywhere else it is harness_tampering."""
+        busy, self._busy = self._busy, True  # busy while the wrapper is made too (a code object of its own)
+        try:
+            f = self._event_frame()  # sandbox.runtime._guarded, called by the launcher's registration
+            code = f.f_code if f is not None else None
+            caller = f.f_back if code is self._guarded_code else None
+            reg = caller.f_code if caller is not None else None
+            ok = (reg is not None and self._register_codes.get(id(reg)) is reg and len(args) == 3
+                  and type(args[2]) is list)
+            if ok:
+                w = _wrap(self, args[0], "launch", f"kernel {args[1]}")
+                if reg is self._cpu_init:
+                    self._kernel_names[id(w.__code__)] = str(args[1])
+                args[2].append(w)
+        finally:
+            self._busy = busy
+        if not ok:
+            self.record("harness_tampering", "the sandbox's kernel registration event was raised outside the launcher")
+            raise IntegrityError("a kernel registered outside the launcher (forbidden in a solution)")
+
+    def _guard_verdict(self, kind: str, detail: str, direct: bool, caller: Any = False,
+                       name: str | None = None) -> tuple[str, str] | None:
         """caller: the guarded function's caller frame when the caller of this already has it (False: looked up
         here, seen from the helpers: 0 helper, 1 this, 2 _judge or _call_original, 3 _hook, 4 the wrapper, 5 its
-        caller)."""
+        caller). name: the guarded function's (see _acting_for_candidate)."""
         if kind == "thread" and self.fmt == "extension" and self.phase == "load":
             return None  # load_inline's build starts threads (ninja, compilers; confined by the jail)
         if caller is False:
             # seen from here: 0 this, 1 _judge or _call_original, 2 _hook, 3 the wrapper, 4 its caller
             hit = self._acting_for_candidate(self._getframe(4)) if direct else self._candidate_on_stack(5)
         else:
-            hit = self._acting_for_candidate(caller) if direct else self._candidate_from(caller)
+            hit = self._acting_for_candidate(caller, name) if direct else self._candidate_from(caller)
         if hit:
             return (str(kind), str(detail))
         return None
@@ -341,6 +439,18 @@ class Monitor:
         if self._candidate_from(f):
             return False  # f is the solution's, or something it called
         return self._candidate_on_stack(4)  # seen from here: 0 helper, 1 this, 2 _judge, 3 _hook, 4 the asker
+
+    def _launcher_lookup(self) -> bool:
+        """Whether the frame that looks up a symbol (the first one outside the ctypes package, whose CDLL.__getattr__ /
+        __getitem__ raise ctypes.dlsym) is a function of sandbox.runtime (code identity)."""
+        f = self._getframe(3)  # seen from here: 0 this, 1 _judge, 2 _hook, 3 the frame that called the C function
+        glue = getattr(self, "_funcptr_new", None)  # the function-pointer guard's __new__ (install_ctypes_guards)
+        while f is not None:
+            code = f.f_code
+            if code is not glue and not code.co_filename.startswith(_CTYPES_DIR):
+                return self._runtime_codes.get(id(code)) is code
+            f = f.f_back
+        return False
 
     def _lenient_load(self) -> bool:
         """The extension format's load: load_inline builds and imports its module (setuptools and the like do
@@ -455,11 +565,22 @@ class Monitor:
             name = args[1] if len(args) > 1 else None
             if isinstance(name, str) and name not in self.allowed_symbols and self._candidate_on_stack(3):
                 return ("ctypes", f"the solution looked up the symbol {name!r} through ctypes")
+            # the build's own symbols and the driver's too, but only for the launcher: a foreign function of the
+            # solution's own making would launch a kernel nobody counts
+            if not self._lenient_load() and not self._launcher_lookup() and self._candidate_on_stack(3):
+                return ("ctypes", f"the solution looked up the symbol {name!r} through ctypes itself (kernels are "
+                                  "launched through sandbox.runtime)")
             return None
-        if event == "ctypes.cdata":
+        if event in ("ctypes.cdata", "ctypes.cdata/buffer"):
             if self._candidate_on_stack(3):
-                return ("memory_read", "a ctypes object made from a raw address (from_address) by the solution "
+                how = "from_address" if event == "ctypes.cdata" else "from_buffer"
+                return ("memory_read", f"a ctypes object made from a raw address ({how}) by the solution "
                                        "(raw access to process memory)")
+            return None
+        if event == "ctypes.call_function":
+            if self._candidate_on_stack(3):
+                return ("memory_read", "_ctypes.call_function of a raw address by the solution (it calls whatever "
+                                       "lies there)")
             return None
         if event in _CTYPES_MEMORY:
             if self._candidate_on_stack(3):
@@ -827,6 +948,89 @@ def install_ctypes_guards(monitor: Monitor) -> None:
         for attr in _CTYPES_ADDRS:
             if hasattr(mod, attr):
                 delattr(mod, attr)
+    monitor._funcptr_new = _install_funcptr_guard()
+
+
+_FUNCPTR_DETAIL = ("a ctypes function pointer made from a raw address by the solution (calling it runs whatever "
+                   "lies at that address, with no audit event)")
+
+
+def _install_funcptr_guard() -> Any:
+    """Refuse, whenever the solution is on the stack (GUARD_EVENT, kind `memory_read`), making a ctypes foreign
+    function from an integer address (`CFUNCTYPE(...)(address)`, `CDLL(...)._FuncPtr(address)`, `type(fn)(address)`):
+    such a call raises no audit event at all, so the pointer would read and write any memory. _ctypes.CFuncPtr's own
+    constructor cannot be replaced (a static type), so every class derived from it gets a `__new__` that judges
+    first: the ones that exist now, and, through ctypes._CFuncPtr (what CFUNCTYPE, PYFUNCTYPE and CDLL derive
+    from) replaced by a guarded subclass, every later one; a later class that overrides `__new__` is refused when it
+    is made. A class made on _ctypes.CFuncPtr itself (reached through `__mro__`), or a `__new__` put back, is found at
+    the next boundary (`FuncPtrState.check`)."""
+    import _ctypes
+    import ctypes
+
+    base = _ctypes.CFuncPtr
+    if getattr(getattr(ctypes, "_CFuncPtr", None), "_cuda_agent_guard", False):
+        return ctypes._CFuncPtr.__new__.__code__
+    c_new = base.__new__
+    audit = sys.audit
+    detail = _FUNCPTR_DETAIL
+
+    def __new__(cls, *a, **k):  # noqa: N807
+        if a and isinstance(a[0], int):
+            audit(GUARD_EVENT, "memory_read", detail, False)
+        return c_new(cls, *a, **k)
+
+    def __init_subclass__(cls, **k):  # noqa: N807
+        if "__new__" in vars(cls) and vars(cls)["__new__"] is not guard:
+            audit(GUARD_EVENT, "memory_read", f"{detail}: class {cls.__name__} replaces the sandbox's __new__", False)
+
+    guard = staticmethod(__new__)
+    guarded = type(base)("CFuncPtr", (base,), {"__new__": guard, "__init_subclass__": classmethod(__init_subclass__),
+                                               "_flags_": ctypes._FUNCFLAG_CDECL, "_cuda_agent_guard": True,
+                                               "__module__": "ctypes"})
+    for cls in _funcptr_classes(base):
+        if cls is not guarded and "__new__" not in vars(cls):
+            cls.__new__ = guard
+    ctypes._CFuncPtr = guarded
+    return __new__.__code__  # (the monitor's: a frame of it is glue of ctypes, Monitor._launcher_lookup)
+
+
+def _funcptr_classes(base: type) -> list[type]:
+    """Every class derived from base (depth first)."""
+    out: list[type] = []
+    todo = list(type.__subclasses__(base))
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(type.__subclasses__(c))
+    return out
+
+
+class FuncPtrState:
+    """The ctypes function-pointer classes as `_install_funcptr_guard` left them (build after it, before any solution
+    code). `check()` lists, as violation strings, classes derived from _ctypes.CFuncPtr whose construction no longer
+    reaches the guarded `__new__` (one made on the base itself, or a `__new__` replaced), and puts the guard back."""
+
+    def __init__(self) -> None:
+        import _ctypes
+        import ctypes
+
+        self._base = _ctypes.CFuncPtr
+        self._new = ctypes._CFuncPtr.__new__ if getattr(ctypes._CFuncPtr, "_cuda_agent_guard", False) else None
+        self._subclasses = type.__subclasses__
+
+    def check(self) -> list[str]:
+        if self._new is None:
+            return []
+        out = []
+        for cls in _funcptr_classes(self._base):
+            if getattr(cls, "__new__", None) is not self._new:
+                try:
+                    cls.__new__ = staticmethod(self._new)
+                except (TypeError, AttributeError):
+                    pass
+                out.append(f"memory_read: {_FUNCPTR_DETAIL}: class {getattr(cls, '__name__', '?')} bypasses the "
+                           "sandbox's constructor")
+        return out[:4]
 
 
 class HarnessSnapshot:

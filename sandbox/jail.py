@@ -11,7 +11,12 @@ Mechanism (`mode="namespaces"`, needs root, as on CI and the GPU hosts):
    - covers the host's scratch and home folders (`JailSpec.hide`: /tmp, /var/tmp, /home, /root, /work, /mnt,
      /media, /srv) with an empty tmpfs and binds back only the paths under them that the evaluation needs (the
      workspace, its spill folder, the interpreter, the repository): other workspaces' names, other users' files and
-     checkouts are not even visible;
+     checkouts are not even visible; a candidate worker's spec also hides the trusted side's own folders wherever
+     they are (`private_roots`: the repository, of which only the `sandbox` package is bound back, with every task's
+     pristine reference, the build cache, the load_inline caches, the workspaces' root), so native code of the
+     solution, which no in-process monitor sees, cannot open them either;
+   - makes the paths of `JailSpec.conceal` unreadable (a folder: an empty read-only tmpfs; a file: an empty file of
+     mode 000 bound over it): the candidate's copy of the reference, model.py, which nothing in its process reads;
    - keeps the paths the interpreter needs reachable for the sandbox uid (when an ancestor such as `/root` is
      closed to it, a tmpfs covers that ancestor and only the needed children are bound back in);
    - remounts every other mount read-only (bind remounts: flags of this namespace's mounts only);
@@ -70,7 +75,8 @@ class JailSpec:
       expose: paths (interpreter, libraries, repository) the uid must be able to reach.
       rlimits: {"cpu_s", "fsize_bytes", "nproc", "nofile", "as_bytes"}; 0 or missing = unchanged.
       hide: folders covered with an empty tmpfs, the needed paths under them (workspace, writable, readonly,
-        expose) bound back (see module doc); [] hides nothing.
+        expose) bound back (see module doc); [] hides nothing. Folders that do not exist are skipped.
+      conceal: paths made unreadable (see module doc); ones that do not exist are skipped.
     """
 
     workspace: str
@@ -80,6 +86,7 @@ class JailSpec:
     expose: list[str] = dataclasses.field(default_factory=list)
     rlimits: dict[str, int] = dataclasses.field(default_factory=dict)
     hide: list[str] = dataclasses.field(default_factory=list)
+    conceal: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -93,6 +100,7 @@ def _libc() -> ctypes.CDLL:
     lib = ctypes.CDLL(None, use_errno=True)
     lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     lib.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    lib.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     return lib
 
 
@@ -195,6 +203,39 @@ def _hide(lib: ctypes.CDLL, roots: list[str], needed: list[str]) -> None:
                 os.close(fd)
 
 
+MNT_DETACH = 2
+
+
+def _conceal(lib: ctypes.CDLL, paths: list[str]) -> None:
+    """Make each path unreadable (see module doc): a folder gets an empty read-only tmpfs of mode 000; a file gets an
+    empty file of mode 000 bound over it, read-only (made on a scratch tmpfs mounted over the file's folder for a
+    moment, and detached again: the bound file keeps it alive, nothing else shows it)."""
+    for p in sorted({os.path.realpath(p) for p in paths if p}):
+        if os.path.isdir(p):
+            _mount(lib, "tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=000,size=4k")
+            continue
+        if not os.path.lexists(p):
+            continue
+        target = os.open(p, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+        scratch = os.path.dirname(p)
+        try:
+            _mount(lib, "tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700,size=4k")
+            try:
+                empty = os.path.join(scratch, "empty")
+                os.close(os.open(empty, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0))
+                os.chmod(empty, 0)
+                _mount(lib, empty, f"/proc/self/fd/{target}", None, MS_BIND)
+            finally:
+                if lib.umount2(scratch.encode(), MNT_DETACH) != 0:
+                    raise JailError(f"umount2({scratch!r}) failed: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(target)
+        _mount(lib, None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        st = os.stat(p)
+        if st.st_size or stat.S_IMODE(st.st_mode):
+            raise JailError(f"could not conceal {p}")
+
+
 def _drop_capabilities(lib: ctypes.CDLL) -> None:
     for cap in range(64):
         if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 1:  # EPERM
@@ -246,6 +287,8 @@ def enter(spec: JailSpec) -> None:
         _mount(lib, None, f, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
     if spec.hide:
         _hide(lib, list(spec.hide), list(spec.expose) + keep_rw + list(spec.readonly))
+    if spec.conceal:
+        _conceal(lib, list(spec.conceal))
     if spec.uid > 0:
         _expose(lib, list(spec.expose) + keep_rw, spec.uid)
     ro_files = {os.path.realpath(f) for f in spec.readonly}
@@ -300,6 +343,35 @@ def default_expose() -> list[str]:
         if p and os.path.isdir(p):
             paths.add(os.path.realpath(p))
     return sorted(paths)
+
+
+def _inside(p: str, root: str) -> bool:
+    return p == root or p.startswith(root.rstrip("/") + "/")
+
+
+def candidate_expose() -> list[str]:
+    """`default_expose()` without the repository and the working directory (sys.path's first entry under `python -m`,
+    which would bind whatever folder the trusted side was started in): of the repository only the `sandbox`
+    package (what a candidate process imports) and the interpreter's own paths under it (a virtual environment kept
+    in the checkout) stay; see private_roots."""
+    repo = os.path.realpath(str(Path(__file__).resolve().parent.parent))
+    cwd = os.path.realpath(os.getcwd())
+    prefixes = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]
+
+    def interpreter(p: str) -> bool:
+        return any(_inside(p, q) for q in prefixes) or "/site-packages" in p or "/dist-packages" in p
+
+    keep = [p for p in default_expose() if interpreter(p) or not (_inside(p, repo) or p == cwd)]
+    return sorted(set(keep) | {os.path.join(repo, "sandbox")})
+
+
+def private_roots(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Folders of the trusted side a candidate's jail covers (JailSpec.hide, after DEFAULT_HIDE): the repository
+    (tasks and their pristine references, tests, git history, run folders kept in the checkout), plus `extra` (the
+    build cache, load_inline caches, the workspaces' root). A root that is itself a needed path (the repository as
+    an installed site-packages folder) is left whole by `_hide`."""
+    repo = os.path.realpath(str(Path(__file__).resolve().parent.parent))
+    return [repo] + [os.path.realpath(p) for p in extra if p]
 
 
 _probe_cache: dict[tuple[int, str], tuple[bool, str]] = {}

@@ -76,7 +76,7 @@ import torch
 from sandbox import shm as shm_mod
 from sandbox import wire
 from sandbox.config import SandboxConfig, gate_allowance_ms
-from sandbox.jail import DEFAULT_HIDE, JailSpec, command_prefix, default_expose, set_rlimits
+from sandbox.jail import DEFAULT_HIDE, JailSpec, candidate_expose, command_prefix, private_roots, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
 from sandbox.timing import Timer, agrees_with_estimate, floor_by_estimate, l2_flush_buffer, trusted_estimate
@@ -537,9 +537,13 @@ def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writ
     # the folders the environment points the candidate's libraries at stay visible under the hidden roots
     env_dirs = [d for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH") for d in os.environ.get(k, "").split(os.pathsep)
                 if d and os.path.isdir(d)]
-    return JailSpec(workspace=ws, readonly=[model_py], writable=writable, uid=uid,
-                    expose=default_expose() + sorted(set(env_dirs)), rlimits=_rlimits(cfg, device),
-                    hide=list(DEFAULT_HIDE))
+    # the trusted side's folders are hidden and the workspace's reference copy concealed (sandbox.jail): native
+    # code of the solution, which the in-process monitor cannot see, opens none of them
+    cache = Path(cfg.cache_dir)
+    private = private_roots([str(cache), str(cache.parent / "sandbox-inline"), str(cfg.workspaces_dir)])
+    return JailSpec(workspace=ws, readonly=[], writable=writable, uid=uid,
+                    expose=candidate_expose() + sorted(set(env_dirs)), rlimits=_rlimits(cfg, device),
+                    hide=list(DEFAULT_HIDE) + private, conceal=[model_py])
 
 
 def _signal_name(rc: int | None) -> str:

@@ -29,7 +29,9 @@ Outside the sandbox (a person trying a solution by hand), `load_kernels(src_dir=
 `kernels/` on the spot with the same builder.
 
 Each launch is counted in `launch_counts` (kernel name -> launches) so the harness can tell a decoy kernel that is
-never launched.
+never launched; inside the sandbox the counts it believes are the monitor's (sandbox.integrity), and the foreign
+functions the launches call (a cpu kernel's entry point, the driver's cuLaunchKernel) are kept by the monitor, which
+lets only the launches themselves call them (`_guarded`): calling a raw entry point is `harness_tampering`.
 """
 
 from __future__ import annotations
@@ -206,6 +208,16 @@ def _count(name: str) -> None:
 
 
 _audit = sys.audit
+KERNEL_EVENT = "cuda_agent.kernel"  # sandbox.integrity.KERNEL_EVENT
+
+
+def _guarded(fn: Any, name: str) -> Any:
+    """fn as the sandbox's monitor hands it back when one is installed: a wrapper that only a launch (which counts
+    itself) may call, the foreign function itself kept where no object of the solution's process leads to it
+    (sandbox.integrity.Monitor._take_kernel); fn itself without a monitor."""
+    box: list = []
+    _audit(KERNEL_EVENT, fn, name, box)
+    return box[0] if box else fn
 
 
 def _dims(label: str, what: str, v: Any) -> tuple[int, int, int]:
@@ -226,9 +238,10 @@ class CpuKernel:
     def __init__(self, sig: KernelSignature, lib: ctypes.CDLL):
         self.signature = sig
         self._pack = _Packer(sig, "cpu", raw=True)
-        self._fn = getattr(lib, sig.name)
-        self._fn.restype = None
-        self._fn.argtypes = self._pack.argtypes()  # ctypes converts the packed ints / floats itself (in C)
+        fn = lib[sig.name]  # (not getattr: that keeps the function on the library object too)
+        fn.restype = None
+        fn.argtypes = self._pack.argtypes()  # ctypes converts the packed ints / floats itself (in C)
+        self._fn = _guarded(fn, sig.name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs:
@@ -241,16 +254,20 @@ class CpuKernel:
         self._fn(*vals)
 
 
+# cuLaunchKernel(f, grid x3, block x3, shared_mem, stream, kernelParams, extra)
+CU_LAUNCH_ARGTYPES = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                      ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+
+
 class _Driver:
     """The few CUDA driver API calls the cubin launcher needs, through ctypes on libcuda."""
 
     def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        self.lib.cuLaunchKernel.argtypes = [
-            ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
-        ]
+        launch = self.lib["cuLaunchKernel"]  # kept by the monitor (_guarded), not on the library object
+        launch.argtypes = CU_LAUNCH_ARGTYPES
+        self.launch = _guarded(launch, "cuLaunchKernel")
         self.lib.cuModuleLoad.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
         self.lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
@@ -346,7 +363,7 @@ class CubinKernel:
         params = _kernel_params(vals)
         stream = cuda.current_stream(device).cuda_stream
         _count(name)
-        drv.check(drv.lib.cuLaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, params, None),
+        drv.check(drv.launch(f, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, params, None),
                   f"launch of {name} grid={g} block={b} shared_mem={shared_mem}")
 
 

@@ -117,7 +117,12 @@ class Gate:
 
         drv = runtime._get_driver()
         drv.primary_context(device_index)
-        lib = drv.lib
+        # a library object of the gate's own (the same libcuda), not the launcher's: what the gate configures and
+        # calls (its own cuLaunchKernel among them) stays off the object a solution reaches (sandbox.runtime._driver),
+        # whose launch call only a kernel's launch may make (sandbox.integrity.KERNEL_EVENT)
+        lib = ctypes.CDLL("libcuda.so.1")
+        launch = lib["cuLaunchKernel"]
+        launch.argtypes = runtime.CU_LAUNCH_ARGTYPES
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
         lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
@@ -162,15 +167,14 @@ class Gate:
         self._a_release = ctypes.c_uint64(rel.value)
         vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired, self._a_release]
         self._params = (ctypes.c_void_p * 5)(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
-        self._drv, self._lib, self._fn, self._mod = drv, lib, fn, mod
+        self._drv, self._lib, self._fn, self._mod, self._launch = drv, lib, fn, mod, launch
         self.timeout_ms = float(timeout_ms)
 
     def close(self, stream: int) -> None:
         """Launch the gate on `stream`: work queued on it after this waits until open() (or the timeout)."""
         self._count += 1
         self._a_want.value = self._count & 0xFFFFFFFF
-        self._drv.check(self._lib.cuLaunchKernel(self._fn, self.blocks, 1, 1, self.threads, 1, 1, 0, stream,
-                                                 self._params, None),
+        self._drv.check(self._launch(self._fn, self.blocks, 1, 1, self.threads, 1, 1, 0, stream, self._params, None),
                         "launch of the timing gate")
 
     def open(self) -> None:
