@@ -1189,7 +1189,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
     outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
-    timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
+    with pf.quiet():  # the gate latency is measured with the input thread held (its GPU work would count in it)
+        timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
     rng = secrets.SystemRandom()
 
     def left() -> float:
