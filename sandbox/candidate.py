@@ -329,12 +329,13 @@ class Worker:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
         return {"ok": True, "log": log + self.notes}
 
-    def _call(self, inputs: tuple, poison: bool) -> tuple[Any, list[str], Any]:
+    def _call(self, inputs: tuple, poison: bool, held: int | None = None) -> tuple[Any, list[str], Any]:
         torch = self.torch
         n = self._launch_total()
         if n != self._launch_mark:  # launches since the last call returned: outside forward
             self._late_launches += n - self._launch_mark
-        g = self.guard_cls(poison=poison, tables=self.guard_tables)
+        g = self.guard_cls(poison=poison, tables=self.guard_tables, held=held,
+                           current=self.timer._stream if held is not None else None)
         self.last_guard = g
         self.monitor.phase = "call"
         try:
@@ -542,14 +543,16 @@ class Worker:
             current = self.timer._stream if gated else None  # bound before any solution code
 
             def once(inputs: tuple) -> Any:
-                held = current().cuda_stream if gated else 0  # the stream the gate holds (the timer closed it on it)
+                # the stream the gate holds (the timer closed it there just now); kernels launched, or torch ops
+                # dispatched, on another stream: the call counts its whole wall clock (Timer.side_work)
+                held = current().cuda_stream if gated else None
                 before = dict(streams) if gated else None
-                out, v, g = self._call(inputs, False)
+                out, v, g = self._call(inputs, False, held)
                 guards.append(g)
                 if v:
                     viol.extend(v)
-                if gated and any(n != before.get(h, 0) for h, n in streams.items() if h != held):
-                    self.timer.side_work()  # kernels launched on another stream: counted in full
+                if gated and (g.side_ops or any(n != before.get(h, 0) for h, n in streams.items() if h != held)):
+                    self.timer.side_work()
                 return out
         else:
             def once(inputs: tuple) -> Any:

@@ -1240,6 +1240,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     walls: list[float] = []
     disagreements = 0
     cand_gated = 0
+    cand_side = 0
     cand_host: list[float] = []
     ratios: list[float] = []
     shortfalls: list[float] = []
@@ -1286,6 +1287,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     msg = "timed calls launched none of the solution's kernels"
                     raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
                 cand_gated += int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), int) else 0
+                cand_side += reply["gate_side"] if type(reply.get("gate_side")) is int else 0
                 if isinstance(reply.get("host_ms"), float):
                     cand_host.append(reply["host_ms"])
                 loop = float(reply.get("loop_ms", float("nan")))
@@ -1319,7 +1321,11 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         out["log"].append(f"profile: gated; the candidate's host time inside each call, median "
                           f"{sorted(cand_host)[len(cand_host) // 2]:.3f} ms (allowance {timer.host_allowance_ms:g} ms, "
                           f"gate latency {timer.gate_latency_ms:.3f} ms on the trusted side)")
-    if timer.gate is not None and cand_gated == 0:
+    if cand_side:
+        out["log"].append(f"profile: {cand_side} of the candidate's timed calls put work on another stream than the "
+                          "one they were called on (or left another stream current): each counted its whole wall "
+                          "clock, host time included (the timing gate holds the SMs, not the copy engines)")
+    if timer.gate is not None and cand_gated == 0 and cand_side == 0:
         out["log"].append("profile: eager and torch.compile were timed behind the timing gate, the candidate without "
                           "it (its gate did not load, or expired: a call that synchronises the device); its times "
                           "include the host's time to enqueue each call")

@@ -27,10 +27,11 @@ What is trusted, and why:
   Python and launch overhead (the noise of a shared host). What the host does inside the call is still bounded:
   a gated call counts for at least its host time less `host_allowance_ms`, and for at least the host's
   release-to-synchronised time less the gate's measured latency (side-stream work that outlasts the end event);
-  both events are recorded on the held stream, and a call that leaves another stream current (put back) or whose
-  kernels the harness saw go to another stream (`side_work`) counts that time in full, the latency not forgiven.
-  The gate only holds the SMs: copy engines are not held (see sandbox.timing_gate). The gate is used only on its
-  own device (torch's current device); elsewhere the run is ungated.
+  both events are recorded on the held stream, and a call that leaves another stream current (put back) or that
+  the harness saw put work on another stream (`side_work`: kernels launched, torch ops dispatched there) counts its
+  whole wall clock, as an expired one does: the gate holds the SMs, not the copy engines (a copy on another stream
+  runs while the host enqueues, off the clock), and the latency forgiven would be side-stream work. The gate is
+  used only on its own device (torch's current device); elsewhere the run is ungated.
   The same Timer policy times eager, torch.compile and the candidate, so the three are measured alike.
 - CPU: `perf_counter` around each call; the trusted side's wall clock bounds it the same way.
 """
@@ -179,15 +180,15 @@ class Timer:
         Gated (CUDA with a gate, `label` not in `ungated`): per call, the gate holds the stream while fn enqueues
         its work; the call's figure is the largest of (a) its events' interval (the GPU's run of the call; both
         events on the held stream), (b) the host's release-to-synchronised time less `gate_latency_ms` (work on
-        other streams that outlasts the end event counts; in full, no latency subtracted, for a call that left
-        another stream current, which is put back, or that reported side_work()), (c) the host's time inside fn
-        less `host_allowance_ms` (host work hidden behind the gate counts beyond the allowance). A call whose gate
-        expired (fn synchronised while held, took longer than the gate's timeout, or loaded a kernel lazily: CUDA's
-        lazy loading waits for the device) counts its whole wall clock; a label whose gate expired twice is timed
-        ungated from then on.
+        other streams that outlasts the end event counts), (c) the host's time inside fn less `host_allowance_ms`
+        (host work hidden behind the gate counts beyond the allowance). A call that left another stream current (put
+        back) or reported side_work() counts its whole wall clock (`gate_side`). A call whose gate expired (fn
+        synchronised while held, took longer than the gate's timeout, or loaded a kernel lazily: CUDA's lazy loading
+        waits for the device) counts its whole wall clock; a label whose gate expired twice is timed ungated from
+        then on.
 
         Returns {ms_per_call, loop_ms (in-process wall clock over the timed regions), event_ms (CUDA: sum of the
-        per-call figures; CPU: same as loop_ms), calls, gated (calls timed behind the gate), gate_expired,
+        per-call figures; CPU: same as loop_ms), calls, gated (calls timed behind the gate), gate_expired, gate_side,
         host_ms (gated: the median of the host's time inside fn per call; else 0)}.
         Exceptions from fn propagate.
         """
@@ -203,7 +204,7 @@ class Timer:
                     after(out)
             ms = loop * 1e3
             return {"ms_per_call": ms / max(calls, 1), "loop_ms": ms, "event_ms": ms, "calls": calls, "gated": 0,
-                    "gate_expired": 0, "host_ms": 0.0}
+                    "gate_expired": 0, "gate_side": 0, "host_ms": 0.0}
         sync, rec, ela = self._sync, self._record, self._elapsed
         if self.gate is not None and label not in self.ungated and self._on_gate_device():
             return self._run_gated(fn, args_per_call, after, label)
@@ -227,13 +228,14 @@ class Timer:
         sync()
         ev = sum(ela(s, e) for s, e in pairs)
         return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls,
-                "gated": 0, "gate_expired": 0, "host_ms": 0.0}
+                "gated": 0, "gate_expired": 0, "gate_side": 0, "host_ms": 0.0}
 
     def side_work(self) -> None:
-        """Called by the harness from inside a gated call (fn) whose work went, in part, to a stream other than the
-        held one (sandbox.candidate: the solution's launches by stream): that call's release-to-synchronised time
-        counts in full, the gate's latency not subtracted (the events bracket the held stream only; what the
-        latency would forgive is the side streams' work)."""
+        """Called by the harness from inside a gated call (fn) that put work on a stream other than the held one
+        (sandbox.candidate: the solution's launches by stream, torch ops dispatched under another stream): that call
+        counts its whole wall clock, host time included, as an expired one does. The gate holds the SMs, not the
+        copy engines (a copy on another stream runs while the host enqueues), and the events bracket the held
+        stream only (what the latency forgives of the release-to-synchronised time would be side-stream work)."""
         self._side = True
 
     def _on_gate_device(self) -> bool:
@@ -249,7 +251,7 @@ class Timer:
         lat, allow = self.gate_latency_ms, self.host_allowance_ms
         loop = 0.0
         total = 0.0
-        gated = expired = 0
+        gated = expired = side = 0
         hosts: list[float] = []
         for k, a in enumerate(args_per_call):
             if label in self.ungated:  # the gate expired earlier in this run: the rest ungated
@@ -289,16 +291,19 @@ class Timer:
                 if self._expiries[label] >= 2:
                     self.ungated.add(label)
                 total += (t2 - t0) * 1e3
+            elif moved:  # work on another stream, or another stream left current: the whole wall clock
+                side += 1
+                total += (t2 - t0) * 1e3
             else:
                 gated += 1
-                # a call that left another stream current: its release-to-synchronised time counts in full
-                total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, 0.0 if moved else lat, allow)
+                total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, lat, allow)
             if after is not None:
                 after(out)
         calls = len(args_per_call)
         hosts.sort()
         return {"ms_per_call": total / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": total, "calls": calls,
-                "gated": gated, "gate_expired": expired, "host_ms": hosts[len(hosts) // 2] if hosts else 0.0}
+                "gated": gated, "gate_expired": expired, "gate_side": side,
+                "host_ms": hosts[len(hosts) // 2] if hosts else 0.0}
 
 
 def gated_figure(event_ms: float, release_to_sync_ms: float, host_ms: float, latency_ms: float,

@@ -238,11 +238,12 @@ def test_gated_loop_records_both_events_on_the_held_stream_and_subtracts_the_lat
 def test_gated_call_that_leaves_another_stream_current_is_put_back_and_counted_in_full(monkeypatch):
     """A forward that switches torch's current stream and leaves it so: the end event would land on a stream that
     carries none of its work (events ~0, the figure then the release-to-synchronised time less the latency); it is
-    recorded on the held stream, the stream is put back, and that call's release-to-synchronised time counts in full."""
+    recorded on the held stream, the stream is put back, and the call counts its whole wall clock."""
     t, fake, gate = _fake_timer(monkeypatch, event_ms=0.001)
     side = _FakeStream(77)
 
     def leaves_side(a):
+        fake.clock[0] += 0.0005  # 0.5 ms on the host (under the allowance)
         fake.current = side
         return a
 
@@ -251,7 +252,8 @@ def test_gated_call_that_leaves_another_stream_current_is_put_back_and_counted_i
     assert fake.current is fake.default  # put back
     assert gate.closed == [0, 0]  # the next gate went on the stream the call was made on, not the solution's
     assert all(st is fake.default for _, st in fake.recorded)
-    assert r["ms_per_call"] == pytest.approx(0.3)  # no latency subtracted
+    assert r["ms_per_call"] == pytest.approx(0.8)  # host 0.5 + release to synchronised 0.3
+    assert r["gate_side"] == 2 and r["gated"] == 0
 
 
 def test_gated_call_that_raises_opens_the_gate_and_puts_the_stream_back(monkeypatch):
@@ -398,10 +400,16 @@ def test_copy_engine_work_of_another_stream_does_not_run_while_the_gate_is_held(
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=False, reason="open (red-team review): a copy to pinned host memory on another stream, while "
-                                        "the gate is held, reads the inputs into L2 again after the flush; a memory-"
-                                        "bound kernel then reads them from L2 on the clock")
-def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path):
+@pytest.mark.parametrize("reported", [False, True])
+def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, reported, request):
+    """A copy to pinned host memory on another stream, while the gate is held, reads the inputs into L2 again after
+    the flush; a memory-bound kernel then reads them from L2 on the clock. The candidate's harness reports such a
+    call (the copies are torch ops dispatched under another stream: Timer.side_work), which then counts its whole
+    wall clock. Unreported (a route the harness does not see: a CUDA graph replayed on another stream, a direct
+    cuLaunchKernel through the launcher's driver handle) it is an open hole: xfail."""
+    if not reported:
+        request.applymarker(pytest.mark.xfail(strict=False, reason="open (red-team review): copy engines are not "
+                                                                   "held by the gate"))
     timer, torch = _timer(tmp_path, True)
     side = torch.cuda.Stream()
     n = 4 << 20  # 16 MiB of float32: well inside an H200's L2
@@ -417,6 +425,8 @@ def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path):
                 sink.copy_(a[i:i + sink.numel()], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(side)
+        if reported:
+            timer.side_work()
         t = time.perf_counter()
         while not ev.query() and time.perf_counter() - t < 0.0008:  # inside the host allowance
             pass
@@ -431,11 +441,13 @@ def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=False, reason="open (red-team review): work on another stream is counted by the release-to-"
-                                        "synchronised time less the gate latency (upper quartile + 5 us): it can "
-                                        "come out a few microseconds per call faster than the same work on the "
-                                        "held stream")
-def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_stream(tmp_path):
+@pytest.mark.parametrize("reported", [False, True])
+def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_stream(tmp_path, reported, request):
+    """Work on another stream is counted by the release-to-synchronised time less the gate latency (upper quartile
+    + 5 us): unreported it can come out a few microseconds per call faster than on the held stream (open: xfail);
+    reported by the harness (Timer.side_work) the call counts its whole wall clock."""
+    if not reported:
+        request.applymarker(pytest.mark.xfail(strict=False, reason="open (red-team review): the latency forgiven"))
     timer, torch = _timer(tmp_path, True)
     side = torch.cuda.Stream()
     x = torch.randn(1 << 22, device="cuda")
@@ -447,6 +459,8 @@ def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_str
         return y
 
     def on_side(a):
+        if reported:
+            timer.side_work()
         with torch.cuda.stream(side):
             return work(a)
 
@@ -459,17 +473,40 @@ def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_str
     assert s >= 0.99 * c, (s, c)
 
 
-def test_gated_call_whose_harness_saw_side_stream_launches_counts_in_full(monkeypatch):
-    """sandbox.candidate calls Timer.side_work() from inside a gated call whose solution kernels went to another
-    stream (launches by stream handle): that call's release-to-synchronised time counts without the latency."""
+def test_gated_call_whose_harness_saw_side_stream_work_counts_its_whole_wall_clock(monkeypatch):
+    """sandbox.candidate calls Timer.side_work() from inside a gated call that put work on another stream (kernels
+    by stream handle, torch ops under another stream): copies there run while the gate holds the SMs, so the call
+    counts its whole wall clock (host time included), as an expired one does, without a strike."""
     t, fake, gate = _fake_timer(monkeypatch, event_ms=0.001)
 
     def side(a):
+        fake.clock[0] += 0.0005
         t.side_work()
         return a
 
-    assert t.run(side, [1, 2], label="s")["ms_per_call"] == pytest.approx(0.3)
+    r = t.run(side, [1, 2], label="s")
+    assert r["ms_per_call"] == pytest.approx(0.8) and r["gate_side"] == 2 and "s" not in t.ungated
     assert t.run(lambda a: a, [1, 2], label="c")["ms_per_call"] == pytest.approx(0.28)  # the flag is per call
+
+
+def test_guard_counts_ops_dispatched_under_another_stream(monkeypatch):
+    import torch
+
+    from sandbox.guard import ComputeGuard
+
+    cur = [_FakeStream(0)]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur[0])
+    x = torch.ones(4)
+    with ComputeGuard(held=0) as g:
+        torch.empty_like(x).copy_(x)
+    assert g.side_ops == 0
+    with ComputeGuard(held=0) as g:
+        cur[0] = _FakeStream(9)
+        torch.empty_like(x).copy_(x)
+    assert g.side_ops == 2
+    with ComputeGuard() as g:  # not gated: not looked at
+        torch.empty_like(x)
+    assert g.side_ops == 0
 
 
 def test_launches_are_counted_by_stream_handle():
