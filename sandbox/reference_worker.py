@@ -750,9 +750,10 @@ class ProfilePlan:
     repetition). The profile decides its calls per repetition itself, as before (one eager call after the
     warm-up); the estimate only sizes what is made ahead and the input segment."""
 
-    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list]):
+    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list],
+                 fmt: str = "cubin"):
         self.flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
-        timer = trusted_timer(cfg, cuda, device, self.flush)
+        timer = trusted_timer(cfg, cuda, device, self.flush, fmt)  # gated as the profile will be (format)
 
         def eager(a: list) -> Any:
             with torch.no_grad():
@@ -827,7 +828,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
             ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
             ref["ref_outs"] = [state.reference_outputs(x) for x in ref["inputs_dev"]]
-            ref["plan"] = ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"]) if cfg.profile else None
+            ref["plan"] = (ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"], job["format"]) if cfg.profile
+                           else None)
         except Exception as e:  # noqa: BLE001
             ref["error"] = (e, traceback.format_exc())
         out["stage_ms"]["reference"] = (time.perf_counter() - tr) * 1e3
