@@ -537,3 +537,77 @@ def test_candidate_measures_the_gate_latency_again_at_its_first_calibrate():
     src = inspect.getsource(Worker.calibrate)
     assert "self.timer.calibrate_gate()" in src and 'self.identities.refresh("Timer.gate_latency_ms")' in src
     assert src.index("if self.model is not None") < src.index("calibrate_gate")  # before load only
+
+
+class _FakeLibcuda:
+    """The driver calls Gate makes, on plain memory (ctypes arguments as the real ones take them)."""
+
+    def __init__(self, occupancy: int = 2, slots: int = 2048):
+        import ctypes
+
+        self.host = (ctypes.c_uint32 * 16)()
+        self.occupancy, self.slots = occupancy, slots
+        self.launches: list = []
+        self.current = 0
+
+        def fn(name, body):
+            f = lambda *a: body(*a) or 0  # noqa: E731
+            setattr(self, name, f)
+
+        attrs = {1: 1024, 16: 132, 39: slots}
+        fn("cuCtxGetCurrent", lambda p: setattr(p._obj, "value", self.current or None))
+        fn("cuCtxSetCurrent", lambda c: setattr(self, "current", c))
+        fn("cuModuleLoadData", lambda p, img: setattr(p._obj, "value", 0x1000))
+        fn("cuModuleGetFunction", lambda p, m, n: setattr(p._obj, "value", 0x2000))
+        fn("cuMemHostAlloc", lambda p, n, f: setattr(p._obj, "value", ctypes.addressof(self.host)))
+        fn("cuMemHostGetDevicePointer_v2", lambda p, h, f: setattr(p._obj, "value", h.value))
+        fn("cuMemAlloc_v2", lambda p, n: setattr(p._obj, "value", 0x3000))
+        fn("cuMemsetD32_v2", lambda a, v, n: None)
+        fn("cuDeviceGet", lambda p, i: setattr(p._obj, "value", i))
+        fn("cuDeviceGetAttribute", lambda p, a, d: setattr(p._obj, "value", attrs[a]))
+        fn("cuOccupancyMaxActiveBlocksPerMultiprocessor", lambda p, f, t, s: setattr(p._obj, "value", self.occupancy))
+        fn("cuLaunchKernel", lambda *a: self.launches.append(a))
+
+
+def _fake_gate(monkeypatch, lib):
+    import ctypes
+
+    from sandbox import runtime, timing_gate
+
+    class Drv:
+        def check(self, rc, what):
+            if rc != 0:
+                raise runtime.KernelLaunchError(what)
+
+        def primary_context(self, device):
+            lib.current = 0x77
+            return 0x77
+
+    monkeypatch.setattr(runtime, "_get_driver", lambda: Drv())
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
+    return timing_gate.Gate(b"cubin", 20.0, 0)
+
+
+def test_gate_setup_on_a_fake_driver_launches_random_values_and_reads_its_words(monkeypatch):
+    lib = _FakeLibcuda()
+    g = _fake_gate(monkeypatch, lib)
+    assert (g.blocks, g.threads, g.device) == (264, 1024, 0)
+    g.close(0)
+    w1 = g._a_want.value
+    assert len(lib.launches) == 1 and lib.launches[0][1] == 264 and lib.launches[0][4] == 1024
+    assert lib.host[0] != w1 and not g.expired()
+    g.open()
+    assert lib.host[0] == w1  # the flag word
+    g.close(0)
+    assert g._a_want.value != w1
+    lib.host[1] = g._a_want.value  # the gate wrote `expired`
+    assert g.expired()
+
+
+def test_gate_that_cannot_fill_an_sm_is_not_loaded(monkeypatch):
+    from sandbox.runtime import KernelLaunchError
+
+    with pytest.raises(KernelLaunchError, match="cannot fill an SM"):
+        _fake_gate(monkeypatch, _FakeLibcuda(occupancy=1))
+    g = _fake_gate(monkeypatch, _FakeLibcuda(occupancy=2, slots=1536))  # 2 blocks of 768 fill 1536 slots
+    assert (g.blocks, g.threads) == (264, 768)
