@@ -198,6 +198,7 @@ class Worker:
         self.param_ptrs: set[int] = set()
         self._launch_mark = self._launch_total()
         self._late_launches = 0
+        self._gate_recalibrated = False
         self._monitor_config = self.monitor.config()
         # every function of the harness's modules, the callables of what they rely on, and the trusted objects' own
         # attributes, as they are now (before any solution code)
@@ -206,10 +207,12 @@ class Worker:
                               "guard_cls", "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison",
                               "ws", "fmt", "device", "cuda"]),
             "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs",
-                                   "gate", "host_allowance_ms", "gate_latency_ms", "ungated"]),
+                                   "gate", "host_allowance_ms", "gate_latency_ms", "ungated"]
+                      + (["_stream", "_set_stream"] if timing_gate is not None else [])),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
             **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_launch", "_a_flag",
-                                       "_a_want", "_a_timeout", "_a_expired"])} if timing_gate is not None else {}),
+                                       "_a_want", "_a_timeout", "_a_expired", "_a_release", "_rand", "device", "blocks",
+                                       "threads"])} if timing_gate is not None else {}),
         })
 
     def _to_device(self, v: Any) -> Any:
@@ -232,6 +235,11 @@ class Worker:
         """Launches per kernel as the installed monitor counted them (sandbox.integrity: the solution cannot add to
         them); sandbox.runtime's own dict when the monitor is off."""
         return self.monitor.launches if getattr(self.monitor, "_installed", False) else self.runtime.launch_counts
+
+    def _launch_streams(self) -> dict[int, int]:
+        """Launches per CUstream handle (cubin), from the installed monitor when there is one (as _launch_counts)."""
+        installed = getattr(self.monitor, "_installed", False)
+        return self.monitor.launch_streams if installed else self.runtime.launch_streams
 
     def _launch_total(self) -> int:
         return sum(self._launch_counts().values())
@@ -325,12 +333,13 @@ class Worker:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
         return {"ok": True, "log": log + self.notes}
 
-    def _call(self, inputs: tuple, poison: bool) -> tuple[Any, list[str], Any]:
+    def _call(self, inputs: tuple, poison: bool, held: int | None = None) -> tuple[Any, list[str], Any]:
         torch = self.torch
         n = self._launch_total()
         if n != self._launch_mark:  # launches since the last call returned: outside forward
             self._late_launches += n - self._launch_mark
-        g = self.guard_cls(poison=poison, tables=self.guard_tables)
+        g = self.guard_cls(poison=poison, tables=self.guard_tables, held=held,
+                           current=self.timer._stream if held is not None else None)
         self.last_guard = g
         self.monitor.phase = "call"
         try:
@@ -486,6 +495,12 @@ class Worker:
         pairs): the harness's own cost per call, for the trusted side (before load only: no solution code)."""
         if self.model is not None:
             return {"ok": False, "status": "internal_error", "error": "calibrate after load", "violations": []}
+        if self.timer.gate is not None and not self._gate_recalibrated:
+            # the latency measured at setup may include the trusted side's reference stage, which overlaps setup on
+            # the same GPU (time slices): measured again now, while the trusted side waits for this request
+            self._gate_recalibrated = True
+            self.timer.calibrate_gate()
+            self.identities.refresh("Timer.gate_latency_ms")
         torch = self.torch
         shapes = [(tuple(int(d) for d in sh), getattr(torch, str(dt))) for sh, dt in msg.get("outputs") or []
                   if str(dt) in _DTYPE_NAMES]
@@ -527,11 +542,21 @@ class Worker:
         viol: list = []
 
         if fn is None:
+            streams = self._launch_streams()
+            gated = self.timer.gate is not None
+            current = self.timer._stream if gated else None  # bound before any solution code
+
             def once(inputs: tuple) -> Any:
-                out, v, g = self._call(inputs, False)
+                # the stream the gate holds (the timer closed it there just now); kernels launched, or torch ops
+                # dispatched, on another stream: the call counts its whole wall clock (Timer.side_work)
+                held = current().cuda_stream if gated else None
+                before = dict(streams) if gated else None
+                out, v, g = self._call(inputs, False, held)
                 guards.append(g)
                 if v:
                     viol.extend(v)
+                if gated and (g.side_ops or any(n != before.get(h, 0) for h, n in streams.items() if h != held)):
+                    self.timer.side_work()
                 return out
         else:
             def once(inputs: tuple) -> Any:
@@ -550,7 +575,9 @@ class Worker:
 
         launches0 = self._launch_total()
         try:
-            r = self.timer.run(once, staged, after)
+            # calibrate's calls (trusted: the first can load a kernel lazily, which expires its gate) have a label of
+            # their own: its expiries are not strikes against the solution's calls
+            r = self.timer.run(once, staged, after, label="" if fn is None else "calibrate")
             if self.cuda:
                 torch.cuda.synchronize()  # the copies are done
         except BaseException:  # noqa: BLE001

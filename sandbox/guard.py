@@ -18,6 +18,7 @@ call, built at import time, or wrapped around memory torch did not allocate (`to
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -70,9 +71,16 @@ class ComputeGuard(TorchDispatchMode):
     of them was rebound (sandbox.integrity.HarnessSnapshot) and passes its own captured copies (`tables`).
     """
 
-    def __init__(self, poison: bool = False, tables: tuple[frozenset, frozenset, frozenset] | None = None):
+    def __init__(self, poison: bool = False, tables: tuple[frozenset, frozenset, frozenset] | None = None,
+                 held: int | None = None, current: Any = None):
+        """held: the CUstream handle a gated timed call holds (sandbox.timing_gate), or None: ops dispatched while
+        another stream is torch's current one (`current()`, default torch.cuda.current_stream; the candidate worker
+        passes the one its timer captured) are counted in `side_ops` (their work would run beside the gate)."""
         super().__init__()
         self.poison = poison
+        self._held = held
+        self._current = (current or torch.cuda.current_stream) if held is not None else None
+        self.side_ops = 0
         self._allowed, self._fresh, self._poison_alloc = tables or (ALLOWED_OPS, FRESH_OPS, POISON_ALLOC)
         self._poison_fn = poison_
         # torch looks __torch_dispatch__ up on the mode object, so an instance attribute wins over the class's: the
@@ -88,6 +96,8 @@ class ComputeGuard(TorchDispatchMode):
         name = func.overloadpacket.__name__
         qual = f"{func.namespace}::{name}"
         self.ops_seen[qual] = self.ops_seen.get(qual, 0) + 1
+        if self._held is not None and self._current().cuda_stream != self._held:
+            self.side_ops += 1
         if func.namespace not in ("aten", "prim") or name not in self._allowed:
             msg = f"{qual} called inside ModelNew.forward (only allocation, view, metadata and copy ops are allowed)"
             self.violations.append(msg)

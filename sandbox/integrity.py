@@ -199,6 +199,7 @@ class Monitor:
         self._module_codes: dict[tuple, Any] = {}  # (path, size, mtime) -> the module code its source compiles to
         self._exec_callers = _trusted_exec_callers()
         self.launches: dict[str, int] = {}  # kernel name -> launches, counted from LAUNCH_EVENT (see _count_launch)
+        self.launch_streams: dict[int, int] = {}  # CUstream handle -> launches (cubin), from the same events
         self._count_code, self._launch_codes = _launch_codes()
         self._guarded_code, self._register_codes, self._runtime_codes = _runtime_codes()
         self._cpu_launch = _cpu_launch_code()
@@ -355,6 +356,8 @@ class Monitor:
             raise IntegrityError("a launch counted without a launch (forbidden in a solution)")
         name = str(args[0]) if args else "?"
         self.launches[name] = self.launches.get(name, 0) + 1
+        stream = args[1] if len(args) > 1 and type(args[1]) is int else 0
+        self.launch_streams[stream] = self.launch_streams.get(stream, 0) + 1
 
     def register(self, wrapper: Any, orig: Any, kind: str | None, detail: str, direct: bool) -> None:
         """Keep `orig` for the wrapper function (its own code object: see _wrap); kind None: no verdict here."""
@@ -1246,6 +1249,13 @@ class IdentitySnapshot:
         for n in names:
             if n in d:
                 self._add(f"{label}.{n}", d, n, d[n], dict.get)
+
+    def refresh(self, key: str) -> None:
+        """Take the value of `key` ("label.name" of add_attrs) as it is now: for the harness's own update of a trusted
+        attribute, while no solution code exists (sandbox.candidate: the gate latency, re-measured before load)."""
+        for i, k in enumerate(self._keys):
+            if k == key:
+                self._vals[i] = self._getters[i](self._owners[i], self._names[i])
 
     def replaced(self) -> list[str]:
         cur = list(map(_get, self._getters, self._owners, self._names))

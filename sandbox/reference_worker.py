@@ -754,9 +754,10 @@ class ProfilePlan:
     repetition). The profile decides its calls per repetition itself, as before (one eager call after the
     warm-up); the estimate only sizes what is made ahead and the input segment."""
 
-    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list]):
+    def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list],
+                 fmt: str = "cubin"):
         self.flush = l2_flush_buffer(cfg.l2_flush_bytes, device) if cuda else None
-        timer = trusted_timer(cfg, cuda, device, self.flush)
+        timer = trusted_timer(cfg, cuda, device, self.flush, fmt)  # gated as the profile will be (format)
 
         def eager(a: list) -> Any:
             with torch.no_grad():
@@ -831,7 +832,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
             ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
             ref["ref_outs"] = [state.reference_outputs(x) for x in ref["inputs_dev"]]
-            ref["plan"] = ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"]) if cfg.profile else None
+            ref["plan"] = (ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"], job["format"]) if cfg.profile
+                           else None)
         except Exception as e:  # noqa: BLE001
             ref["error"] = (e, traceback.format_exc())
         out["stage_ms"]["reference"] = (time.perf_counter() - tr) * 1e3
@@ -1193,7 +1195,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
     outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
-    timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
+    with pf.quiet():  # the gate latency is measured with the input thread held (its GPU work would count in it)
+        timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
     rng = secrets.SystemRandom()
 
     def left() -> float:
@@ -1243,6 +1246,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     walls: list[float] = []
     disagreements = 0
     cand_gated = 0
+    cand_side = 0
     cand_host: list[float] = []
     ratios: list[float] = []
     shortfalls: list[float] = []
@@ -1289,6 +1293,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     msg = "timed calls launched none of the solution's kernels"
                     raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
                 cand_gated += int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), int) else 0
+                cand_side += reply["gate_side"] if type(reply.get("gate_side")) is int else 0
                 if isinstance(reply.get("host_ms"), float):
                     cand_host.append(reply["host_ms"])
                 loop = float(reply.get("loop_ms", float("nan")))
@@ -1322,7 +1327,11 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         out["log"].append(f"profile: gated; the candidate's host time inside each call, median "
                           f"{sorted(cand_host)[len(cand_host) // 2]:.3f} ms (allowance {timer.host_allowance_ms:g} ms, "
                           f"gate latency {timer.gate_latency_ms:.3f} ms on the trusted side)")
-    if timer.gate is not None and cand_gated == 0:
+    if cand_side:
+        out["log"].append(f"profile: {cand_side} of the candidate's timed calls put work on another stream than the "
+                          "one they were called on (or left another stream current): each counted its whole wall "
+                          "clock, host time included (the timing gate holds the SMs, not the copy engines)")
+    if timer.gate is not None and cand_gated == 0 and cand_side == 0:
         out["log"].append("profile: eager and torch.compile were timed behind the timing gate, the candidate without "
                           "it (its gate did not load, or expired: a call that synchronises the device); its times "
                           "include the host's time to enqueue each call")

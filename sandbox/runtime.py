@@ -198,13 +198,19 @@ class _Packer:
         return out
 
 
-def _count(name: str) -> None:
-    """Count one launch of kernel `name`: here (for logs), and, through the audit event "cuda_agent.launch", in the
-    sandbox's monitor when one is installed, whose counts are the ones the harness believes (sandbox.integrity:
-    it takes the event only from this function called by a kernel's own launch)."""
+def _count(name: str, stream: int = 0) -> None:
+    """Count one launch of kernel `name` (cubin: on the CUstream handle `stream`): here (for logs), and, through the
+    audit event "cuda_agent.launch", in the sandbox's monitor when one is installed, whose counts are the ones the
+    harness believes (sandbox.integrity: it takes the event only from this function called by a kernel's own
+    launch). Launches per stream handle are counted too (`launch_streams`): the timing gate counts a call whose
+    kernels went to another stream than the one it holds in full (sandbox.timing.Timer.side_work)."""
     with _lock:
         launch_counts[name] = launch_counts.get(name, 0) + 1
-    _audit("cuda_agent.launch", name)
+        launch_streams[stream] = launch_streams.get(stream, 0) + 1
+    _audit("cuda_agent.launch", name, stream)
+
+
+launch_streams: dict[int, int] = {}
 
 
 _audit = sys.audit
@@ -362,7 +368,7 @@ class CubinKernel:
             drv.check(drv.lib.cuFuncSetAttribute(f, 8, shared_mem), f"{name}: set max dynamic shared memory")
         params = _kernel_params(vals)
         stream = cuda.current_stream(device).cuda_stream
-        _count(name)
+        _count(name, stream)
         drv.check(drv.launch(f, g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, params, None),
                   f"launch of {name} grid={g} block={b} shared_mem={shared_mem}")
 

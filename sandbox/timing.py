@@ -26,7 +26,12 @@ What is trusted, and why:
   stream until the call has been enqueued, so the events bracket the GPU's run of the call and not the host's
   Python and launch overhead (the noise of a shared host). What the host does inside the call is still bounded:
   a gated call counts for at least its host time less `host_allowance_ms`, and for at least the host's
-  release-to-synchronised time less the gate's measured latency (side-stream work that outlasts the end event).
+  release-to-synchronised time less the gate's measured latency (side-stream work that outlasts the end event);
+  both events are recorded on the held stream, and a call that leaves another stream current (put back) or that
+  the harness saw put work on another stream (`side_work`: kernels launched, torch ops dispatched there) counts its
+  whole wall clock, as an expired one does: the gate holds the SMs, not the copy engines (a copy on another stream
+  runs while the host enqueues, off the clock), and the latency forgiven would be side-stream work. The gate is
+  used only on its own device (torch's current device); elsewhere the run is ungated.
   The same Timer policy times eager, torch.compile and the candidate, so the three are measured alike.
 - CPU: `perf_counter` around each call; the trusted side's wall clock bounds it the same way.
 """
@@ -93,6 +98,7 @@ class Timer:
         self.gate = gate if cuda else None
         self.host_allowance_ms = float(host_allowance_ms)
         self.ungated: set[str] = set()  # labels whose gate expired twice: timed without it from then on
+        self._side = False  # set by side_work() during a gated call
         self._expiries: dict[str, int] = {}
         self.gate_latency_ms = 0.0
         self._perf = _PERF
@@ -111,9 +117,20 @@ class Timer:
         self._codes = {k: getattr(v, "__code__", None) for k, v in self._refs.items()}
         if self.gate is not None:
             self._stream = torch.cuda.current_stream
-            self._refs["torch.cuda.current_stream"] = torch.cuda.current_stream
-            self._codes["torch.cuda.current_stream"] = getattr(torch.cuda.current_stream, "__code__", None)
+            self._set_stream = torch.cuda.set_stream
+            for k, v in (("torch.cuda.current_stream", torch.cuda.current_stream),
+                         ("torch.cuda.set_stream", torch.cuda.set_stream)):
+                self._refs[k] = v
+                self._codes[k] = getattr(v, "__code__", None)
+            self.calibrate_gate()
+
+    def calibrate_gate(self) -> float:
+        """Measure the gate latency again (gate_latency_ms; the harness calls it while nothing else uses the GPU: a
+        Timer built while another process's work shares the device measures that work's time slices too, and a
+        latency too large forgives side-stream work). Returns it; 0.0 without a gate."""
+        if self.gate is not None and self._on_gate_device():
             self.gate_latency_ms = self._gate_latency()
+        return self.gate_latency_ms
 
     def _gate_latency(self, n: int = 9) -> float:
         """The host's view of an empty gated call (release to synchronised, less the events' interval), upper
@@ -145,6 +162,7 @@ class Timer:
                         "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
             if self.gate is not None:
                 cur["torch.cuda.current_stream"] = torch.cuda.current_stream
+                cur["torch.cuda.set_stream"] = torch.cuda.set_stream
         return cur
 
     def tampered(self) -> list[str]:
@@ -160,15 +178,17 @@ class Timer:
         """Call fn(args_per_call[k]) for each k, timed. `after(out)` runs untimed after each call.
 
         Gated (CUDA with a gate, `label` not in `ungated`): per call, the gate holds the stream while fn enqueues
-        its work; the call's figure is the largest of (a) its events' interval (the GPU's run of the call), (b) the
-        host's release-to-synchronised time less `gate_latency_ms` (work on other streams that outlasts the end
-        event counts), (c) the host's time inside fn less `host_allowance_ms` (host work hidden behind the gate
-        counts beyond the allowance). A call whose gate expired (fn synchronised while held, took longer than the
-        gate's timeout, or loaded a kernel lazily: CUDA's lazy loading waits for the device) counts its whole wall
-        clock; a label whose gate expired twice is timed ungated from then on.
+        its work; the call's figure is the largest of (a) its events' interval (the GPU's run of the call; both
+        events on the held stream), (b) the host's release-to-synchronised time less `gate_latency_ms` (work on
+        other streams that outlasts the end event counts), (c) the host's time inside fn less `host_allowance_ms`
+        (host work hidden behind the gate counts beyond the allowance). A call that left another stream current (put
+        back) or reported side_work() counts its whole wall clock (`gate_side`). A call whose gate expired (fn
+        synchronised while held, took longer than the gate's timeout, or loaded a kernel lazily: CUDA's lazy loading
+        waits for the device) counts its whole wall clock; a label whose gate expired twice is timed ungated from
+        then on.
 
         Returns {ms_per_call, loop_ms (in-process wall clock over the timed regions), event_ms (CUDA: sum of the
-        per-call figures; CPU: same as loop_ms), calls, gated (calls timed behind the gate), gate_expired,
+        per-call figures; CPU: same as loop_ms), calls, gated (calls timed behind the gate), gate_expired, gate_side,
         host_ms (gated: the median of the host's time inside fn per call; else 0)}.
         Exceptions from fn propagate.
         """
@@ -184,9 +204,9 @@ class Timer:
                     after(out)
             ms = loop * 1e3
             return {"ms_per_call": ms / max(calls, 1), "loop_ms": ms, "event_ms": ms, "calls": calls, "gated": 0,
-                    "gate_expired": 0, "host_ms": 0.0}
+                    "gate_expired": 0, "gate_side": 0, "host_ms": 0.0}
         sync, rec, ela = self._sync, self._record, self._elapsed
-        if self.gate is not None and label not in self.ungated:
+        if self.gate is not None and label not in self.ungated and self._on_gate_device():
             return self._run_gated(fn, args_per_call, after, label)
         pairs = []
         for a in args_per_call:
@@ -208,17 +228,30 @@ class Timer:
         sync()
         ev = sum(ela(s, e) for s, e in pairs)
         return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls,
-                "gated": 0, "gate_expired": 0, "host_ms": 0.0}
+                "gated": 0, "gate_expired": 0, "gate_side": 0, "host_ms": 0.0}
+
+    def side_work(self) -> None:
+        """Called by the harness from inside a gated call (fn) that put work on a stream other than the held one
+        (sandbox.candidate: the solution's launches by stream, torch ops dispatched under another stream): that call
+        counts its whole wall clock, host time included, as an expired one does. The gate holds the SMs, not the
+        copy engines (a copy on another stream runs while the host enqueues), and the events bracket the held
+        stream only (what the latency forgives of the release-to-synchronised time would be side-stream work)."""
+        self._side = True
+
+    def _on_gate_device(self) -> bool:
+        """Whether torch's current device is the gate's (the events, the synchronisation and the stream are the
+        current device's; a gate of another device would hold nothing the call uses): else the run is ungated."""
+        return self._stream().device_index == getattr(self.gate, "device", 0)
 
     def _run_gated(self, fn: Callable[[Any], Any], args_per_call: Sequence[Any],
                    after: Callable[[Any], None] | None, label: str) -> dict[str, Any]:
         """`run` on CUDA behind the gate (see run's doc)."""
         perf, sync, rec, ela, gate = self._perf, self._sync, self._record, self._elapsed, self.gate
-        stream = self._stream
+        stream, set_stream = self._stream, self._set_stream
         lat, allow = self.gate_latency_ms, self.host_allowance_ms
         loop = 0.0
         total = 0.0
-        gated = expired = 0
+        gated = expired = side = 0
         hosts: list[float] = []
         for k, a in enumerate(args_per_call):
             if label in self.ungated:  # the gate expired earlier in this run: the rest ungated
@@ -232,15 +265,22 @@ class Timer:
             sync()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
-            gate.close(stream().cuda_stream)
-            rec(s)
+            held = stream()
+            handle = held.cuda_stream
+            gate.close(handle)
+            rec(s, held)
             t0 = perf()
+            moved = self._side = False
             try:
                 out = fn(a)
-                rec(e)
+                rec(e, held)  # on the held stream, whichever stream fn left current
             finally:
                 t1 = perf()
                 gate.open()  # whatever fn did, the stream is not left held
+                if stream().cuda_stream != handle:  # fn left another stream current: put back, and counted in full
+                    set_stream(held)
+                    moved = True
+            moved = moved or self._side
             sync()
             t2 = perf()
             loop += t2 - t0
@@ -251,6 +291,9 @@ class Timer:
                 if self._expiries[label] >= 2:
                     self.ungated.add(label)
                 total += (t2 - t0) * 1e3
+            elif moved:  # work on another stream, or another stream left current: the whole wall clock
+                side += 1
+                total += (t2 - t0) * 1e3
             else:
                 gated += 1
                 total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, lat, allow)
@@ -259,7 +302,8 @@ class Timer:
         calls = len(args_per_call)
         hosts.sort()
         return {"ms_per_call": total / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": total, "calls": calls,
-                "gated": gated, "gate_expired": expired, "host_ms": hosts[len(hosts) // 2] if hosts else 0.0}
+                "gated": gated, "gate_expired": expired, "gate_side": side,
+                "host_ms": hosts[len(hosts) // 2] if hosts else 0.0}
 
 
 def gated_figure(event_ms: float, release_to_sync_ms: float, host_ms: float, latency_ms: float,

@@ -14,6 +14,20 @@ The gate gives up by itself after `timeout_ms` (the GPU's %globaltimer), so a ca
 while the gate holds the stream (a `.item()`, a blocking copy) waits that long and no longer; the gate then marks
 itself expired and the caller (sandbox.timing.Timer) falls back to the ungated figure for that call.
 
+Each gate waits for a value of its own, drawn at random per launch (`want`, from os.urandom), and compares for
+equality: the gate's words are within reach of the solution's kernels (a kernel can write any address of the
+context, and a solution that found the device word `release` could otherwise set it ahead of the next gate, whose
+blocks but the first would then not wait, leaving all SMs but one free for its side streams while the host
+enqueues), but a value the next gate waits for is not known to anything but the host until that gate is released.
+The gate resolves its driver functions from a libcuda handle of its own, not from sandbox.runtime's (which solution
+code can reach): the memory calls it needs (cuMemAlloc, cuMemsetD32, cuMemHostAlloc, ...) are not made callable
+through the launcher's handle without the monitor's symbol lookup rule seeing them.
+
+What the gate does not hold: the copy engines. A copy on another stream (device to host into pinned memory, and
+device to device where the driver uses a copy engine for it) runs while the host enqueues, off the clock; a
+solution can so read its inputs into L2 after the flush (open: the red-team review of the gate proposes an L2
+flush inside the gate after its release, behind a grid barrier of its co-resident blocks).
+
 The gate kernel is built from GATE_SOURCE with the sandbox's nvcc for the device's architecture (trusted side,
 `gate_cubin`, cached by content hash) and loaded in each process that times (`Gate`), before any solution code
 exists in it.
@@ -32,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 GATE_SOURCE = r"""
-// Block 0's first thread waits for the host's word `flag` to reach `want` (or for the timeout, which it records in
-// `expired`), then publishes `want` in the device word `release`; every other block's first thread waits for
-// `release`. The other threads wait at the barrier: the gate's blocks fill every SM's thread slots, so no kernel of
-// any stream runs while the gate is held.
+// Block 0's first thread waits for the host's word `flag` to equal `want` (a value drawn at random per launch; or
+// for the timeout, which it records in `expired`), then publishes `want` in the device word `release`; every other
+// block's first thread waits for `release` to equal `want`. The other threads wait at the barrier: the gate's blocks
+// fill every SM's thread slots, so no kernel of any stream runs while the gate is held. Equality, not order: a value
+// written ahead into `release` or `flag` by anything but this launch's host (a solution's kernel) never matches.
 extern "C" __global__ void cuda_agent_timing_gate(const volatile unsigned int* flag, unsigned int want,
                                                   unsigned long long timeout_ns, volatile unsigned int* expired,
                                                   volatile unsigned int* release) {
@@ -43,7 +58,7 @@ extern "C" __global__ void cuda_agent_timing_gate(const volatile unsigned int* f
         unsigned long long t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
         if (blockIdx.x == 0) {
-            while ((int)(*flag - want) < 0) {
+            while (*flag != want) {
                 asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
                 if (t - t0 > timeout_ns) {
                     *expired = want;
@@ -55,7 +70,7 @@ extern "C" __global__ void cuda_agent_timing_gate(const volatile unsigned int* f
             *release = want;
             __threadfence();
         } else {
-            while ((int)(*release - want) < 0) {
+            while (*release != want) {
                 asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
                 if (t - t0 > timeout_ns + 1000000ull) break;  // block 0 never ran: give up 1 ms after it would have
                 __nanosleep(500);
@@ -105,31 +120,49 @@ def gate_cubin(nvcc: str, arch: str, cache_dir: str) -> bytes | None:
 
 
 class Gate:
-    """The gate, loaded in this process's CUDA context of torch's current device.
+    """The gate, loaded in this process's CUDA context of device `device_index` (torch's primary context).
 
-    close(stream): launch the gate on `stream` (a CUstream handle, e.g. torch's `cuda_stream`); open(): release it;
-    expired(): whether the last gate gave up by itself before open(). timeout_ms: how long a gate waits at most.
-    Raises runtime.KernelLaunchError when the driver refuses the module, the memory or a launch.
+    close(stream): launch the gate on `stream` (a CUstream handle of that device, e.g. torch's `cuda_stream`);
+    open(): release it; expired(): whether the last gate gave up by itself before open(). timeout_ms: how long a
+    gate waits at most. `device`: the device index. The thread's current context is left as it was.
+    Raises runtime.KernelLaunchError when the driver refuses the module, the memory or a launch, or when the gate's
+    blocks cannot fill an SM (its occupancy is below the SM's thread slots: side streams could run beside it).
     """
 
     def __init__(self, cubin: bytes, timeout_ms: float, device_index: int) -> None:
         from sandbox import runtime
 
         drv = runtime._get_driver()
-        drv.primary_context(device_index)
-        # a library object of the gate's own (the same libcuda), not the launcher's: what the gate configures and
-        # calls (its own cuLaunchKernel among them) stays off the object a solution reaches (sandbox.runtime._driver),
-        # whose launch call only a kernel's launch may make (sandbox.integrity.KERNEL_EVENT)
+        # a handle of our own: ctypes caches each looked-up function on its CDLL object, and sandbox.runtime's handle
+        # is within the solution's reach (the monitor rules symbol lookups, not calls through cached functions); its
+        # own cuLaunchKernel too, since the launcher's launch call only a kernel's launch may make
+        # (sandbox.integrity.KERNEL_EVENT)
         lib = ctypes.CDLL("libcuda.so.1")
         launch = lib["cuLaunchKernel"]
         launch.argtypes = runtime.CU_LAUNCH_ARGTYPES
+        lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+        lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
         lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
         lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
         lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
         lib.cuMemsetD32_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t]
         lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                                     ctypes.c_int, ctypes.c_size_t]
+        prev = ctypes.c_void_p()
+        drv.check(lib.cuCtxGetCurrent(ctypes.byref(prev)), "cuCtxGetCurrent")
+        ctx = drv.primary_context(device_index)
+        self._launch = launch
+        try:
+            self._setup(drv, lib, cubin, timeout_ms, device_index)
+        finally:
+            if prev.value and prev.value != ctx:  # another device's context was current: it stays current
+                lib.cuCtxSetCurrent(prev.value)
+
+    def _setup(self, drv: Any, lib: Any, cubin: bytes, timeout_ms: float, device_index: int) -> None:
         cu_dev = ctypes.c_int()
         drv.check(lib.cuDeviceGet(ctypes.byref(cu_dev), device_index), "cuDeviceGet")
 
@@ -138,14 +171,27 @@ class Gate:
             drv.check(lib.cuDeviceGetAttribute(ctypes.byref(v), a, cu_dev), "cuDeviceGetAttribute")
             return v.value
 
-        # blocks of the largest size, as many per SM as fill its thread slots (H200: 132 SMs x 2 x 1024 threads)
-        self.threads = min(attr(1), 1024)  # MAX_THREADS_PER_BLOCK
-        self.blocks = attr(16) * max(1, attr(39) // self.threads)  # MULTIPROCESSOR_COUNT x (MAX_THREADS_PER_SM / .)
+        # blocks of the largest size that divides an SM's thread slots, as many per SM as fill them (H200: 132 SMs x 2
+        # x 1024 threads; an SM of 1536 slots: 2 x 768)
+        slots = attr(39)  # MAX_THREADS_PER_MULTIPROCESSOR
+        self.threads = next((t for t in range(min(attr(1), 1024), 31, -32) if slots % t == 0), 32)
+        per_sm = max(1, slots // self.threads)
+        self.blocks = attr(16) * per_sm  # MULTIPROCESSOR_COUNT x per_sm
         self._cubin = bytes(cubin)  # the module image must stay alive while loaded
         mod = ctypes.c_void_p()
         drv.check(lib.cuModuleLoadData(ctypes.byref(mod), self._cubin), "cuModuleLoadData (timing gate)")
         fn = ctypes.c_void_p()
         drv.check(lib.cuModuleGetFunction(ctypes.byref(fn), mod, GATE_KERNEL.encode()), "cuModuleGetFunction")
+        # every SM's thread slots taken, or a kernel of another stream could run beside the gate (registers, were
+        # the gate ever built to use more than 32 per thread, would allow fewer of its blocks per SM)
+        occ = ctypes.c_int()
+        drv.check(lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(occ), fn, self.threads, 0),
+                  "cuOccupancyMaxActiveBlocksPerMultiprocessor (timing gate)")
+        if occ.value < per_sm or per_sm * self.threads < slots:
+            from sandbox.runtime import KernelLaunchError
+
+            raise KernelLaunchError(f"the timing gate cannot fill an SM ({occ.value} resident blocks of "
+                                    f"{self.threads} threads per SM, {slots} thread slots): not used")
         host = ctypes.c_void_p()
         drv.check(lib.cuMemHostAlloc(ctypes.byref(host), 64, _CU_MEMHOSTALLOC_PORTABLE | _CU_MEMHOSTALLOC_DEVICEMAP),
                   "cuMemHostAlloc (timing gate)")
@@ -159,6 +205,8 @@ class Gate:
         self._flag.value = 0
         self._expired.value = 0
         self._count = 0
+        self._want = 0
+        self._rand = os.urandom  # bound now: a later replacement of os.urandom does not reach the gate
         # the launch's argument values, reused per launch (cuLaunchKernel copies them at the call)
         self._a_flag = ctypes.c_uint64(dev.value)
         self._a_want = ctypes.c_uint32(0)
@@ -167,23 +215,32 @@ class Gate:
         self._a_release = ctypes.c_uint64(rel.value)
         vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired, self._a_release]
         self._params = (ctypes.c_void_p * 5)(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
-        self._drv, self._lib, self._fn, self._mod, self._launch = drv, lib, fn, mod, launch
+        self._drv, self._lib, self._fn, self._mod = drv, lib, fn, mod
+        self.device = int(device_index)
         self.timeout_ms = float(timeout_ms)
+
+    def _next_want(self) -> int:
+        """A value for the next gate to wait for: random, and unlike the words' current values (the last gate's)."""
+        while True:
+            w = int.from_bytes(self._rand(4), "little")
+            if w != self._want and w != self._flag.value and w != self._expired.value:
+                return w
 
     def close(self, stream: int) -> None:
         """Launch the gate on `stream`: work queued on it after this waits until open() (or the timeout)."""
         self._count += 1
-        self._a_want.value = self._count & 0xFFFFFFFF
+        self._want = self._next_want()
+        self._a_want.value = self._want
         self._drv.check(self._launch(self._fn, self.blocks, 1, 1, self.threads, 1, 1, 0, stream, self._params, None),
                         "launch of the timing gate")
 
     def open(self) -> None:
         """Release the gate launched last."""
-        self._flag.value = self._count & 0xFFFFFFFF
+        self._flag.value = self._want
 
     def expired(self) -> bool:
         """Whether the gate launched last gave up by itself (read after the device synchronised)."""
-        return self._expired.value == (self._count & 0xFFFFFFFF)
+        return self._expired.value == self._want
 
 
 def load_gate(cubin: Any, timeout_ms: float, device: str) -> Gate | None:

@@ -140,3 +140,474 @@ def test_gate_counts_side_stream_work_that_outlasts_the_end_event(tmp_path):
     c = timer.run(on_current, [x] * 3, label="cur")
     assert s["gated"] == 3 and c["gated"] == 3
     assert s["ms_per_call"] >= 0.7 * c["ms_per_call"], (s, c)
+
+
+# ---- the gated loop of sandbox.timing.Timer with a fake CUDA (the policy, not the GPU)
+
+
+class _FakeStream:
+    def __init__(self, handle: int, device_index: int = 0):
+        self.cuda_stream = handle
+        self.device_index = device_index
+
+
+class _FakeCuda:
+    """torch.cuda's synchronize / Event / current_stream / set_stream for the Timer, on a fake clock (seconds):
+    sync() advances it by `sync_s`; events read `event_ms` apart."""
+
+    def __init__(self, monkeypatch, sync_s: float, event_ms: float):
+        import torch
+
+        self.clock = [0.0]
+        self.sync_s = sync_s
+        self.default = _FakeStream(0)
+        self.current = self.default
+        self.recorded: list = []  # (event, stream) per record
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False):
+                self.t = None
+
+            def record(self, stream=None):
+                fake.recorded.append((self, stream if stream is not None else fake.current))
+
+            def elapsed_time(self, other):
+                return event_ms
+
+            def synchronize(self):
+                pass
+
+        def synchronize(device=None):
+            fake.clock[0] += fake.sync_s
+
+        def current_stream(device=None):
+            return fake.current
+
+        def set_stream(stream):
+            fake.current = stream
+
+        for name, v in (("synchronize", synchronize), ("Event", Event), ("current_stream", current_stream),
+                        ("set_stream", set_stream)):
+            monkeypatch.setattr(torch.cuda, name, v)
+
+    def perf(self) -> float:
+        return self.clock[0]
+
+
+class _FakeGate:
+    def __init__(self, device: int = 0, expire: bool = False):
+        self.device = device
+        self.closed: list = []
+        self.opened = 0
+        self._expire = expire
+
+    def close(self, stream: int) -> None:
+        self.closed.append(stream)
+
+    def open(self) -> None:
+        self.opened += 1
+
+    def expired(self) -> bool:
+        return self._expire
+
+
+def _fake_timer(monkeypatch, sync_s=0.0003, event_ms=0.1, gate=None, lat=0.02, allow=1.0):
+    from sandbox.timing import Timer
+
+    fake = _FakeCuda(monkeypatch, sync_s, event_ms)
+    gate = gate or _FakeGate()
+    t = Timer(True, None, gate, allow)
+    t._perf = fake.perf
+    t.gate_latency_ms = lat
+    gate.closed.clear()  # the latency calibration's own gates
+    gate.opened = 0
+    return t, fake, gate
+
+
+def test_gated_loop_records_both_events_on_the_held_stream_and_subtracts_the_latency(monkeypatch):
+    t, fake, gate = _fake_timer(monkeypatch)
+    fake.recorded.clear()
+    r = t.run(lambda a: a, [1, 2, 3], label="c")
+    assert r["gated"] == 3 and gate.closed == [0, 0, 0] and gate.opened == 3
+    assert all(st is fake.default for _, st in fake.recorded)
+    # per call: max(events 0.1, release-to-synchronised 0.3 - latency 0.02, host 0 - 1) = 0.28
+    assert r["ms_per_call"] == pytest.approx(0.28)
+
+
+def test_gated_call_that_leaves_another_stream_current_is_put_back_and_counted_in_full(monkeypatch):
+    """A forward that switches torch's current stream and leaves it so: the end event would land on a stream that
+    carries none of its work (events ~0, the figure then the release-to-synchronised time less the latency); it is
+    recorded on the held stream, the stream is put back, and the call counts its whole wall clock."""
+    t, fake, gate = _fake_timer(monkeypatch, event_ms=0.001)
+    side = _FakeStream(77)
+
+    def leaves_side(a):
+        fake.clock[0] += 0.0005  # 0.5 ms on the host (under the allowance)
+        fake.current = side
+        return a
+
+    fake.recorded.clear()
+    r = t.run(leaves_side, [1, 2], label="c")
+    assert fake.current is fake.default  # put back
+    assert gate.closed == [0, 0]  # the next gate went on the stream the call was made on, not the solution's
+    assert all(st is fake.default for _, st in fake.recorded)
+    assert r["ms_per_call"] == pytest.approx(0.8)  # host 0.5 + release to synchronised 0.3
+    assert r["gate_side"] == 2 and r["gated"] == 0
+
+
+def test_gated_call_that_raises_opens_the_gate_and_puts_the_stream_back(monkeypatch):
+    t, fake, gate = _fake_timer(monkeypatch)
+    side = _FakeStream(5)
+
+    def bad(a):
+        fake.current = side
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        t.run(bad, [1], label="c")
+    assert gate.opened == 1 and fake.current is fake.default
+
+
+def test_gate_of_another_device_times_ungated(monkeypatch):
+    t, fake, gate = _fake_timer(monkeypatch, gate=_FakeGate(device=1))
+    r = t.run(lambda a: a, [1, 2], label="c")
+    assert r["gated"] == 0 and gate.closed == []
+
+
+def test_expiries_of_one_label_do_not_ungate_another(monkeypatch):
+    t, fake, gate = _fake_timer(monkeypatch, gate=_FakeGate(expire=True))
+    r = t.run(lambda a: a, [1, 2, 3], label="calibrate")
+    assert r["gate_expired"] == 2 and "calibrate" in t.ungated
+    assert "" not in t.ungated
+
+
+def test_timer_reports_a_replaced_set_stream(monkeypatch):
+    import torch
+
+    t, fake, gate = _fake_timer(monkeypatch)
+    assert t.tampered() == []
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: None)
+    assert "torch.cuda.set_stream" in t.tampered()
+
+
+def test_candidate_times_calibrate_under_a_label_of_its_own():
+    """The candidate's calibrate requests (trusted no-op, before load) must not spend the solution's two strikes."""
+    import inspect
+
+    from sandbox.candidate import Worker
+
+    src = inspect.getsource(Worker._timed_calls)
+    assert 'label="" if fn is None else "calibrate"' in src
+
+
+def test_gate_source_waits_for_equality_with_a_random_value():
+    """The gate's words can be written by a solution's kernel: its waits compare for equality with a value drawn
+    at random per launch (a value set ahead, e.g. `release` far past a counter, never matches)."""
+    from sandbox import timing_gate
+
+    assert "*flag != want" in timing_gate.GATE_SOURCE and "*release != want" in timing_gate.GATE_SOURCE
+    assert "- want) < 0" not in timing_gate.GATE_SOURCE
+    g = timing_gate.Gate.__new__(timing_gate.Gate)
+    import ctypes
+
+    words = (ctypes.c_uint32 * 2)()
+    g._flag, g._expired = ctypes.c_uint32.from_buffer(words, 0), ctypes.c_uint32.from_buffer(words, 4)
+    seq = iter([b"\x00\x00\x00\x00", b"\x07\x00\x00\x00", b"\x07\x00\x00\x00", b"\x09\x00\x00\x00"])
+    g._rand = lambda n: next(seq)
+    g._want = 0
+    assert g._next_want() == 7  # 0 is the words' current value: drawn again
+    g._want = 7
+    assert g._next_want() == 9  # the last gate's value is never reused
+
+
+# ---- on a GPU: what a solution's work can do while the gate is held
+
+
+def _done_while_held(gate, torch, enqueue, hold_s: float = 0.005) -> bool:
+    """Close the gate on the current stream, enqueue(side stream) some work, and poll (never wait) for an event
+    after that work for hold_s seconds with the gate held: whether it completed while held."""
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    gate.close(torch.cuda.current_stream().cuda_stream)
+    with torch.cuda.stream(side):
+        enqueue()
+        ev = torch.cuda.Event()
+        ev.record(side)
+    t = time.perf_counter()
+    done = False
+    while time.perf_counter() - t < hold_s and not done:
+        done = ev.query()
+    gate.open()
+    torch.cuda.synchronize()
+    return done
+
+
+@pytest.mark.gpu
+def test_no_kernel_of_another_stream_runs_while_the_gate_is_held(tmp_path):
+    timer, torch = _timer(tmp_path, True)
+    gate = timer.gate
+    x = torch.randn(1 << 20, device="cuda")
+    y = x * 2.0  # loaded now (lazy loading inside the hold would wait for the gate)
+    torch.cuda.synchronize()
+    assert not _done_while_held(gate, torch, lambda: y.mul_(2.0))
+    assert not gate.expired()
+
+
+@pytest.mark.gpu
+def test_a_release_word_set_ahead_does_not_free_the_sms(tmp_path):
+    """A solution's kernel can write any address of its context: were `release` compared by order with a counter, a
+    value written far ahead (here with cuMemsetD32, as the harness's own handle) would let every block but the first
+    exit at once, and the solution's side-stream kernels would run on the freed SMs while the host enqueues."""
+    import ctypes
+
+    timer, torch = _timer(tmp_path, True)
+    gate = timer.gate
+    x = torch.randn(1 << 20, device="cuda")
+    y = x * 2.0
+    torch.cuda.synchronize()
+    lib = gate._lib
+    assert lib.cuMemsetD32_v2(ctypes.c_uint64(gate._a_release.value), ctypes.c_uint(0x7FFFFFF0), 1) == 0
+    torch.cuda.synchronize()
+    assert not _done_while_held(gate, torch, lambda: y.mul_(2.0))
+
+
+@pytest.mark.gpu
+def test_the_gate_caches_no_driver_function_on_the_launchers_handle(tmp_path):
+    """sandbox.runtime's libcuda handle is within a solution's reach; a function looked up on it stays callable
+    without the monitor's symbol rule: the gate's memory calls are looked up on a handle of its own."""
+    from sandbox import runtime
+
+    timer, torch = _timer(tmp_path, True)
+    assert timer.gate is not None
+    cached = set(vars(runtime._get_driver().lib))
+    assert not cached & {"cuMemAlloc_v2", "cuMemsetD32_v2", "cuMemHostAlloc", "cuMemHostGetDevicePointer_v2",
+                         "cuModuleLoadData", "cuDeviceGetAttribute", "cuOccupancyMaxActiveBlocksPerMultiprocessor"}
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=False, reason="open (red-team review): copy engines are not held by the gate; a copy on "
+                                        "another stream can run while the host enqueues, off the clock (e.g. reading "
+                                        "the inputs into L2 after the flush). XPASS: this kind of copy uses the SMs")
+@pytest.mark.parametrize("kind", ["d2d", "d2h"])
+def test_copy_engine_work_of_another_stream_does_not_run_while_the_gate_is_held(tmp_path, kind):
+    timer, torch = _timer(tmp_path, True)
+    src = torch.randn(16 << 20, device="cuda")
+    dst = torch.empty_like(src) if kind == "d2d" else torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    assert not _done_while_held(timer.gate, torch, lambda: dst.copy_(src, non_blocking=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reported", [False, True])
+def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, reported, request):
+    """A copy to pinned host memory on another stream, while the gate is held, reads the inputs into L2 again after
+    the flush; a memory-bound kernel then reads them from L2 on the clock. The candidate's harness reports such a
+    call (the copies are torch ops dispatched under another stream: Timer.side_work), which then counts its whole
+    wall clock. Unreported (a route the harness does not see: a CUDA graph replayed on another stream, a direct
+    cuLaunchKernel through the launcher's driver handle) it is an open hole: xfail."""
+    if not reported:
+        request.applymarker(pytest.mark.xfail(strict=False, reason="open (red-team review): copy engines are not "
+                                                                   "held by the gate"))
+    timer, torch = _timer(tmp_path, True)
+    side = torch.cuda.Stream()
+    n = 4 << 20  # 16 MiB of float32: well inside an H200's L2
+    x = torch.randn(n, device="cuda")
+    sink = torch.empty(1 << 18, dtype=torch.float32, pin_memory=True)
+
+    def plain(a):
+        return a * 2.0
+
+    def prefetch(a):
+        with torch.cuda.stream(side):
+            for i in range(0, n, sink.numel()):
+                sink.copy_(a[i:i + sink.numel()], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(side)
+        if reported:
+            timer.side_work()
+        t = time.perf_counter()
+        while not ev.query() and time.perf_counter() - t < 0.0008:  # inside the host allowance
+            pass
+        return a * 2.0
+
+    timer.run(plain, [x] * 3, label="w1")
+    timer.run(prefetch, [x] * 3, label="w2")
+    p = sorted(timer.run(plain, [x] * 30, label="p")["ms_per_call"] for _ in range(5))[2]
+    f = sorted(timer.run(prefetch, [x] * 30, label="f")["ms_per_call"] for _ in range(5))[2]
+    print(f"plain {p * 1e3:.1f} us/call, with inputs read into L2 while held {f * 1e3:.1f} us/call")
+    assert f >= 0.95 * p, (f, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reported", [False, True])
+def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_stream(tmp_path, reported, request):
+    """Work on another stream is counted by the release-to-synchronised time less the gate latency (upper quartile
+    + 5 us): unreported it can come out a few microseconds per call faster than on the held stream (open: xfail);
+    reported by the harness (Timer.side_work) the call counts its whole wall clock."""
+    if not reported:
+        request.applymarker(pytest.mark.xfail(strict=False, reason="open (red-team review): the latency forgiven"))
+    timer, torch = _timer(tmp_path, True)
+    side = torch.cuda.Stream()
+    x = torch.randn(1 << 22, device="cuda")
+
+    def work(a):
+        y = a
+        for _ in range(8):
+            y = y * 1.0001
+        return y
+
+    def on_side(a):
+        if reported:
+            timer.side_work()
+        with torch.cuda.stream(side):
+            return work(a)
+
+    timer.run(work, [x] * 3, label="w1")
+    timer.run(on_side, [x] * 3, label="w2")
+    c = sorted(timer.run(work, [x] * 50, label="cur")["ms_per_call"] for _ in range(5))[2]
+    s = sorted(timer.run(on_side, [x] * 50, label="side")["ms_per_call"] for _ in range(5))[2]
+    print(f"held stream {c * 1e3:.1f} us/call, side stream {s * 1e3:.1f} us/call, latency "
+          f"{timer.gate_latency_ms * 1e3:.1f} us")
+    assert s >= 0.99 * c, (s, c)
+
+
+def test_gated_call_whose_harness_saw_side_stream_work_counts_its_whole_wall_clock(monkeypatch):
+    """sandbox.candidate calls Timer.side_work() from inside a gated call that put work on another stream (kernels
+    by stream handle, torch ops under another stream): copies there run while the gate holds the SMs, so the call
+    counts its whole wall clock (host time included), as an expired one does, without a strike."""
+    t, fake, gate = _fake_timer(monkeypatch, event_ms=0.001)
+
+    def side(a):
+        fake.clock[0] += 0.0005
+        t.side_work()
+        return a
+
+    r = t.run(side, [1, 2], label="s")
+    assert r["ms_per_call"] == pytest.approx(0.8) and r["gate_side"] == 2 and "s" not in t.ungated
+    assert t.run(lambda a: a, [1, 2], label="c")["ms_per_call"] == pytest.approx(0.28)  # the flag is per call
+
+
+def test_guard_counts_ops_dispatched_under_another_stream(monkeypatch):
+    import torch
+
+    from sandbox.guard import ComputeGuard
+
+    cur = [_FakeStream(0)]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cur[0])
+    x = torch.ones(4)
+    with ComputeGuard(held=0) as g:
+        torch.empty_like(x).copy_(x)
+    assert g.side_ops == 0
+    with ComputeGuard(held=0) as g:
+        cur[0] = _FakeStream(9)
+        torch.empty_like(x).copy_(x)
+    assert g.side_ops == 2
+    with ComputeGuard() as g:  # not gated: not looked at
+        torch.empty_like(x)
+    assert g.side_ops == 0
+
+
+def test_launches_are_counted_by_stream_handle():
+    from sandbox import runtime
+
+    before = runtime.launch_streams.get(12345, 0)
+    runtime._count("some_kernel", 12345)
+    assert runtime.launch_streams[12345] == before + 1
+
+
+def test_gate_latency_can_be_measured_again_and_its_identity_taken_again(monkeypatch):
+    from sandbox.integrity import IdentitySnapshot
+
+    t, fake, gate = _fake_timer(monkeypatch, sync_s=0.0, event_ms=0.0, lat=0.04)
+    snap = IdentitySnapshot()
+    snap.add_attrs(t, ["gate_latency_ms"], "Timer")
+    assert t.calibrate_gate() == pytest.approx(0.005)  # fake: empty calls take no time; the 5 us margin
+    assert snap.replaced() == ["Timer.gate_latency_ms"]
+    snap.refresh("Timer.gate_latency_ms")
+    assert snap.replaced() == []
+
+
+def test_candidate_measures_the_gate_latency_again_at_its_first_calibrate():
+    import inspect
+
+    from sandbox.candidate import Worker
+
+    src = inspect.getsource(Worker.calibrate)
+    assert "self.timer.calibrate_gate()" in src and 'self.identities.refresh("Timer.gate_latency_ms")' in src
+    assert src.index("if self.model is not None") < src.index("calibrate_gate")  # before load only
+
+
+class _FakeLibcuda:
+    """The driver calls Gate makes, on plain memory (ctypes arguments as the real ones take them)."""
+
+    def __init__(self, occupancy: int = 2, slots: int = 2048):
+        import ctypes
+
+        self.host = (ctypes.c_uint32 * 16)()
+        self.occupancy, self.slots = occupancy, slots
+        self.launches: list = []
+        self.current = 0
+
+        def fn(name, body):
+            f = lambda *a: body(*a) or 0  # noqa: E731
+            setattr(self, name, f)
+
+        attrs = {1: 1024, 16: 132, 39: slots}
+        fn("cuCtxGetCurrent", lambda p: setattr(p._obj, "value", self.current or None))
+        fn("cuCtxSetCurrent", lambda c: setattr(self, "current", c))
+        fn("cuModuleLoadData", lambda p, img: setattr(p._obj, "value", 0x1000))
+        fn("cuModuleGetFunction", lambda p, m, n: setattr(p._obj, "value", 0x2000))
+        fn("cuMemHostAlloc", lambda p, n, f: setattr(p._obj, "value", ctypes.addressof(self.host)))
+        fn("cuMemHostGetDevicePointer_v2", lambda p, h, f: setattr(p._obj, "value", h.value))
+        fn("cuMemAlloc_v2", lambda p, n: setattr(p._obj, "value", 0x3000))
+        fn("cuMemsetD32_v2", lambda a, v, n: None)
+        fn("cuDeviceGet", lambda p, i: setattr(p._obj, "value", i))
+        fn("cuDeviceGetAttribute", lambda p, a, d: setattr(p._obj, "value", attrs[a]))
+        fn("cuOccupancyMaxActiveBlocksPerMultiprocessor", lambda p, f, t, s: setattr(p._obj, "value", self.occupancy))
+        fn("cuLaunchKernel", lambda *a: self.launches.append(a))
+
+
+def _fake_gate(monkeypatch, lib):
+    import ctypes
+
+    from sandbox import runtime, timing_gate
+
+    class Drv:
+        def check(self, rc, what):
+            if rc != 0:
+                raise runtime.KernelLaunchError(what)
+
+        def primary_context(self, device):
+            lib.current = 0x77
+            return 0x77
+
+    monkeypatch.setattr(runtime, "_get_driver", lambda: Drv())
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
+    return timing_gate.Gate(b"cubin", 20.0, 0)
+
+
+def test_gate_setup_on_a_fake_driver_launches_random_values_and_reads_its_words(monkeypatch):
+    lib = _FakeLibcuda()
+    g = _fake_gate(monkeypatch, lib)
+    assert (g.blocks, g.threads, g.device) == (264, 1024, 0)
+    g.close(0)
+    w1 = g._a_want.value
+    assert len(lib.launches) == 1 and lib.launches[0][1] == 264 and lib.launches[0][4] == 1024
+    assert lib.host[0] != w1 and not g.expired()
+    g.open()
+    assert lib.host[0] == w1  # the flag word
+    g.close(0)
+    assert g._a_want.value != w1
+    lib.host[1] = g._a_want.value  # the gate wrote `expired`
+    assert g.expired()
+
+
+def test_gate_that_cannot_fill_an_sm_is_not_loaded(monkeypatch):
+    from sandbox.runtime import KernelLaunchError
+
+    with pytest.raises(KernelLaunchError, match="cannot fill an SM"):
+        _fake_gate(monkeypatch, _FakeLibcuda(occupancy=1))
+    g = _fake_gate(monkeypatch, _FakeLibcuda(occupancy=2, slots=1536))  # 2 blocks of 768 fill 1536 slots
+    assert (g.blocks, g.threads) == (264, 768)
