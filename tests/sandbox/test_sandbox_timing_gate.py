@@ -510,11 +510,16 @@ def test_guard_counts_ops_dispatched_under_another_stream(monkeypatch):
 
 
 def test_launches_are_counted_by_stream_handle():
-    from sandbox import runtime
+    """In a fresh process (an installed monitor refuses a count that no launch made, and this test process may
+    hold one from an earlier test)."""
+    import subprocess
+    import sys
 
-    before = runtime.launch_streams.get(12345, 0)
-    runtime._count("some_kernel", 12345)
-    assert runtime.launch_streams[12345] == before + 1
+    code = ("from sandbox import runtime\n"
+            "runtime._count('some_kernel', 12345); runtime._count('some_kernel', 12345); runtime._count('k', 7)\n"
+            "print(runtime.launch_streams[12345], runtime.launch_streams[7], runtime.launch_counts['some_kernel'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["2", "1", "2"]
 
 
 def test_gate_latency_can_be_measured_again_and_its_identity_taken_again(monkeypatch):
@@ -567,6 +572,9 @@ class _FakeLibcuda:
         fn("cuDeviceGetAttribute", lambda p, a, d: setattr(p._obj, "value", attrs[a]))
         fn("cuOccupancyMaxActiveBlocksPerMultiprocessor", lambda p, f, t, s: setattr(p._obj, "value", self.occupancy))
         fn("cuLaunchKernel", lambda *a: self.launches.append(a))
+
+    def __getitem__(self, name: str):  # CDLL's lib["symbol"]
+        return getattr(self, name)
 
 
 def _fake_gate(monkeypatch, lib):
