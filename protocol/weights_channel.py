@@ -69,8 +69,9 @@ class WeightsPublisher(RouterServer):
       workers: threads that copy and checksum chunks in `publish` (capped at the CPU count).
       io_threads: ZeroMQ I/O threads of the publisher's context (capped at the CPU count). Each actor's
         connection is served by one I/O thread, and one thread moves about 4-4.5 GB/s of 4 MiB chunks over tcp
-        loopback on the H200 host (STACK_NOTES): one thread serving 4 actors a 0.94 GB version needs about
-        0.85 s, so the default gives each of up to 4 actors its own thread.
+        loopback on the H200 host (STACK_NOTES), so one thread serving 4 actors a 0.94 GB version needs about
+        0.85 s by that rate (0.90 s was measured there for the steady version, benchmarks/RESULTS.md): the
+        default gives each of up to 4 actors its own thread (not measured yet).
       curve: CURVE server keys.
 
     Counters in `stats`: manifests_sent, chunks_sent, bytes_sent, bad_messages, dropped (a full peer

@@ -273,6 +273,7 @@ class Zygote:
 
 
 _GATES: dict[str, Any] = {}
+_GATE_CUBINS: dict[tuple, bytes | None] = {}  # (nvcc, cuda_arch, default_cuda_arch, cache_dir) -> gate_cubin's answer
 
 
 def gate_setup(cfg: SandboxConfig, device: str, fmt: str = "cubin") -> dict | None:
@@ -280,9 +281,12 @@ def gate_setup(cfg: SandboxConfig, device: str, fmt: str = "cubin") -> dict | No
     SandboxConfig.timing_gate off, the extension format without timing_gate_extension, or no nvcc)."""
     if not (cfg.timing_gate and device.startswith("cuda")) or (fmt == "extension" and not cfg.timing_gate_extension):
         return None
-    from sandbox.build import detect_arch
+    key = (cfg.nvcc, cfg.cuda_arch, cfg.default_cuda_arch, cfg.cache_dir)
+    if key not in _GATE_CUBINS:  # once per process: detect_arch asks NVML, gate_cubin runs nvcc --version
+        from sandbox.build import detect_arch
 
-    cubin = gate_cubin(cfg.nvcc, detect_arch(cfg), cfg.cache_dir)
+        _GATE_CUBINS[key] = gate_cubin(cfg.nvcc, detect_arch(cfg), cfg.cache_dir)
+    cubin = _GATE_CUBINS[key]
     if cubin is None:
         return None
     return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": gate_allowance_ms(cfg, fmt)}
@@ -1292,8 +1296,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
                     msg = "timed calls launched none of the solution's kernels"
                     raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("no_kernel_launched", msg)])
-                cand_gated += int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), int) else 0
-                cand_side += reply["gate_side"] if type(reply.get("gate_side")) is int else 0
+                cand_gated += _reply_count(reply, "gated")
+                cand_side += _reply_count(reply, "gate_side")
                 if isinstance(reply.get("host_ms"), float):
                     cand_host.append(reply["host_ms"])
                 loop = float(reply.get("loop_ms", float("nan")))
@@ -1368,13 +1372,20 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     )
 
 
+def _reply_count(reply: dict, key: str) -> int:
+    """A count the candidate's reply carries (`gated`, `gate_side`): a non-negative int, else 0 (a forged or
+    malformed field counts as nothing gated, the stricter reading)."""
+    v = reply.get(key, 0)
+    return v if type(v) is int and v > 0 else 0
+
+
 def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig, fmt: str = "cubin") -> float:
     """The least a candidate's CUDA figure for a repetition (reply's event_ms) may claim against its own in-loop
     wall clock (loop_ms) before the wall clock is used instead. Ungated, at least half of it; gated (the calls'
     host time is outside the events, sandbox.timing.Timer.run), half of it less the host allowance and 50 us of
     gate latency per call: a gated figure is the largest of the GPU's and the host's parts, so at least their
     mean."""
-    gated = int(reply.get("gated", 0) or 0) if isinstance(reply.get("gated", 0), (int, float)) else 0
+    gated = _reply_count(reply, "gated")
     if gated > 0:
         return 0.5 * (loop_ms - gated * (gate_allowance_ms(cfg, fmt) + 0.05)) - 0.05 * calls
     return 0.5 * loop_ms - 0.05 * calls

@@ -22,8 +22,8 @@ What is trusted, and why:
   L2), the device is synchronised, the start event recorded, the call runs, the whole device is synchronised (work
   on side streams counts) and the end event recorded. The in-loop wall clock of each call is kept next to its
   event time: events that claim much less than the wall clock around them are not believed either.
-- Gated (sandbox.timing_gate, SandboxConfig.timing_gate): before the start event, a one-thread kernel holds the
-  stream until the call has been enqueued, so the events bracket the GPU's run of the call and not the host's
+- Gated (sandbox.timing_gate, SandboxConfig.timing_gate): before the start event, a kernel that fills every SM
+  holds the stream until the call has been enqueued, so the events bracket the GPU's run of the call and not the host's
   Python and launch overhead (the noise of a shared host). What the host does inside the call is still bounded:
   a gated call counts for at least its host time less `host_allowance_ms`, and for at least the host's
   release-to-synchronised time less the gate's measured latency (side-stream work that outlasts the end event);
@@ -202,18 +202,13 @@ class Timer:
                 loop += perf() - t0
                 if after is not None:
                     after(out)
-            ms = loop * 1e3
-            return {"ms_per_call": ms / max(calls, 1), "loop_ms": ms, "event_ms": ms, "calls": calls, "gated": 0,
-                    "gate_expired": 0, "gate_side": 0, "host_ms": 0.0}
+            return _result(loop * 1e3, loop * 1e3, calls)
         sync, rec, ela = self._sync, self._record, self._elapsed
         if self.gate is not None and label not in self.ungated and self._on_gate_device():
             return self._run_gated(fn, args_per_call, after, label)
         pairs = []
         for a in args_per_call:
-            self._l2.reset()
-            if self.flush is not None:
-                self.flush.zero_()
-            sync()
+            self._before_call()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
             t0 = perf()
@@ -226,9 +221,14 @@ class Timer:
             if after is not None:
                 after(out)
         sync()
-        ev = sum(ela(s, e) for s, e in pairs)
-        return {"ms_per_call": ev / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": ev, "calls": calls,
-                "gated": 0, "gate_expired": 0, "gate_side": 0, "host_ms": 0.0}
+        return _result(sum(ela(s, e) for s, e in pairs), loop * 1e3, calls)
+
+    def _before_call(self) -> None:
+        """CUDA, before each timed call: persisting L2 lines reset, L2 flushed, the device synchronised."""
+        self._l2.reset()
+        if self.flush is not None:
+            self.flush.zero_()
+        self._sync()
 
     def side_work(self) -> None:
         """Called by the harness from inside a gated call (fn) that put work on a stream other than the held one
@@ -259,10 +259,7 @@ class Timer:
                 loop += rest["loop_ms"] / 1e3
                 total += rest["event_ms"]
                 break
-            self._l2.reset()
-            if self.flush is not None:
-                self.flush.zero_()
-            sync()
+            self._before_call()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
             held = stream()
@@ -299,11 +296,16 @@ class Timer:
                 total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, lat, allow)
             if after is not None:
                 after(out)
-        calls = len(args_per_call)
         hosts.sort()
-        return {"ms_per_call": total / max(calls, 1), "loop_ms": loop * 1e3, "event_ms": total, "calls": calls,
-                "gated": gated, "gate_expired": expired, "gate_side": side,
-                "host_ms": hosts[len(hosts) // 2] if hosts else 0.0}
+        return _result(total, loop * 1e3, len(args_per_call), gated, expired, side,
+                       hosts[len(hosts) // 2] if hosts else 0.0)
+
+
+def _result(event_ms: float, loop_ms: float, calls: int, gated: int = 0, expired: int = 0, side: int = 0,
+            host_ms: float = 0.0) -> dict[str, Any]:
+    """Timer.run's record (see its doc)."""
+    return {"ms_per_call": event_ms / max(calls, 1), "loop_ms": loop_ms, "event_ms": event_ms, "calls": calls,
+            "gated": gated, "gate_expired": expired, "gate_side": side, "host_ms": host_ms}
 
 
 def gated_figure(event_ms: float, release_to_sync_ms: float, host_ms: float, latency_ms: float,

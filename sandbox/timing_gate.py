@@ -204,7 +204,6 @@ class Gate:
         self._expired = ctypes.c_uint32.from_address(host.value + 4)
         self._flag.value = 0
         self._expired.value = 0
-        self._count = 0
         self._want = 0
         self._rand = os.urandom  # bound now: a later replacement of os.urandom does not reach the gate
         # the launch's argument values, reused per launch (cuLaunchKernel copies them at the call)
@@ -228,7 +227,6 @@ class Gate:
 
     def close(self, stream: int) -> None:
         """Launch the gate on `stream`: work queued on it after this waits until open() (or the timeout)."""
-        self._count += 1
         self._want = self._next_want()
         self._a_want.value = self._want
         self._drv.check(self._launch(self._fn, self.blocks, 1, 1, self.threads, 1, 1, 0, stream, self._params, None),
