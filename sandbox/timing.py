@@ -88,7 +88,7 @@ class Timer:
     """Times calls with fresh arguments per call. Build it before any untrusted code runs (see module doc)."""
 
     def __init__(self, cuda: bool, flush: torch.Tensor | None = None, gate: Any = None,
-                 host_allowance_ms: float = 0.1):
+                 host_allowance_ms: float = 0.0):
         """cuda: time with CUDA events (else perf_counter); flush: the L2 flush buffer (l2_flush_buffer); gate: a
         sandbox.timing_gate.Gate of this process, or None (ungated: the events include the host's time to enqueue
         the call); host_allowance_ms: gated calls only, how much of the host's time to enqueue a call is not
