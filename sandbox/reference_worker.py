@@ -15,7 +15,8 @@ part, compiling the graph, stays cached.
 
 One evaluation (`run_job`):
 1. draw `num_trials` seeds from the OS (`secrets`), make each input set with `torch.manual_seed(seed);
-   get_inputs()`, and compute the reference outputs, all before any solution code exists (from a task's second
+   get_inputs()` (on CUDA under `torch.device(device)`: the sets are made on the device, `TaskState.make_inputs`),
+   and compute the reference outputs, all before any solution code exists (from a task's second
    evaluation on, while the candidate worker confines itself and builds its harness); estimate eager's
    time per call (`ProfilePlan`), then hand what the rest of the evaluation needs (the value-range and
    shape-variant trials' inputs and reference outputs, the profile's fresh input sets) to the `Prefetch` thread,
@@ -126,19 +127,37 @@ class TaskState:
         self.compile_ready = False
         self.last_baselines: dict[str, Any] = {}
         self.segment_bytes = 0  # input segment size the last evaluation needed (0: not evaluated yet)
+        self.inputs_on_device = True  # CUDA: get_inputs() runs under torch.device(device) (see make_inputs)
 
     def make_inputs(self, seed: int) -> list:
-        """CPU input set for a seed (the candidate gets these tensors, never the seed)."""
+        """The input set for a seed (the candidate gets copies of these tensors, never the seed).
+
+        On CUDA the set is made on the device: get_inputs() runs under `torch.device(device)`, so its tensor
+        factories (torch.randn, torch.rand, ...) draw from the device's generator. A CPU torch.randn costs about
+        1.5 ms per MiB (8 MiB: 13 ms on the 2-core CI host), and the profile makes one fresh set per timed call
+        (hundreds per evaluation); on the device a set costs microseconds. A get_inputs() that cannot run under
+        the device context (it calls .numpy(), say) is run on the CPU, for this task from then on
+        (`inputs_on_device` False). On the CPU backend: CPU tensors, as get_inputs() makes them."""
         with _RNG_LOCK:
-            if self.device.startswith("cuda"):
-                torch.manual_seed(seed)  # every generator: get_inputs() may make tensors on the device
-            else:
+            if not self.device.startswith("cuda"):
                 torch.default_generator.manual_seed(seed)  # torch.manual_seed would also queue a CUDA seeding
+                return list(self.module.get_inputs())
+            torch.manual_seed(seed)  # every generator: the device's and the CPU's
+            if self.inputs_on_device:
+                try:
+                    with torch.device(self.device):
+                        return list(self.module.get_inputs())
+                except Exception:  # noqa: BLE001 - this get_inputs() needs the CPU: use it from now on
+                    self.inputs_on_device = False
+                    torch.manual_seed(seed)
             return list(self.module.get_inputs())
 
     def to_device(self, v: Any) -> Any:
+        """A copy of input set v on the device, private to its user: on CUDA a tensor already there is copied too
+        (a reference that writes its inputs in place must not change the set the candidate is sent); on the CPU
+        backend CPU tensors are used as they are."""
         if isinstance(v, torch.Tensor):
-            return v.to(self.device)
+            return v.to(self.device, copy=v.is_cuda)
         if isinstance(v, (list, tuple)):
             return type(v)(self.to_device(x) for x in v)
         return v

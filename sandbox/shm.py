@@ -125,10 +125,7 @@ class InputSegment:
         from sandbox import wire
 
         if isinstance(v, torch.Tensor):
-            t = v.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            t = t.contiguous()
+            t = v.detach().contiguous()  # a device tensor is copied into the segment by write(): one copy, no staging
             n = t.numel() * t.element_size()
             off = pos[0]
             if n:

@@ -89,3 +89,38 @@ def test_launcher_uses_torch_current_stream_and_checks_device(tmp_path):
         K.elementwise_chain(x.cpu(), out, x.numel(), grid=(1,), block=(256,))
     with pytest.raises(LaunchArgumentError, match="grid"):
         K.elementwise_chain(x, out, x.numel())
+
+
+def test_input_sets_are_made_on_the_device_and_copied_privately(tmp_path):
+    """make_inputs on CUDA: tensors made on the device from the seed (same seed, same set); to_device gives a
+    private copy (a reference writing its inputs in place leaves the set the candidate is sent alone); a
+    get_inputs() that needs the CPU falls back to it; the input segment takes device tensors."""
+    from sandbox import shm
+    from sandbox.reference_worker import TaskState
+
+    ref = ("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n"
+           "        return x.relu_()\n"
+           "def get_inputs():\n    return [torch.randn(64, 128), torch.randint(0, 5, (7,))]\n"
+           "def get_init_inputs():\n    return []\n")
+    st = TaskState(ref, "t", "cuda")
+    a, b = st.make_inputs(123), st.make_inputs(123)
+    assert st.inputs_on_device and all(t.is_cuda for t in a)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], st.make_inputs(124)[0])
+    dev = st.to_device(a)
+    assert dev[0].data_ptr() != a[0].data_ptr()
+    before = a[0].clone()
+    st.model(*dev[:1])  # relu_ in place on the copy
+    assert torch.equal(a[0], before) and not torch.equal(dev[0], before)
+    seg = shm.InputSegment(shm.create_fd())
+    seg.size(shm.tensor_bytes(a))
+    rec = seg.encode(a)
+    m = shm.InputMapping(os.dup(seg.fd), seg.nbytes)
+    assert torch.equal(m.tensor(rec[0]), a[0].cpu()) and torch.equal(m.tensor(rec[1]), a[1].cpu())
+    seg.close()
+    cpu_only = ref.replace("return [torch.randn(64, 128), torch.randint(0, 5, (7,))]",
+                           "return [torch.from_numpy(torch.randn(64, 128).numpy())]")
+    st2 = TaskState(cpu_only, "t2", "cuda")
+    x = st2.make_inputs(5)
+    assert not st2.inputs_on_device and x[0].device.type == "cpu"
+    assert torch.equal(x[0], st2.make_inputs(5)[0])
