@@ -58,7 +58,11 @@ for line in sys.stdin:
     se = r.timing.speedup_eager if r.timing is not None else None
     print(json.dumps({"status": r.status, "reward": r.reward, "wall_ms": wall, "stage_ms": r.stage_ms,
                       "message": r.message[:200], "calls": r.timing.calls_per_rep if r.timing else 0,
-                      "speedup_eager": [se.lo, se.point, se.hi] if se is not None else None}), flush=True)
+                      "speedup_eager": [se.lo, se.point, se.hi] if se is not None else None,
+                      "eager_ms": getattr(getattr(r.timing, "eager", None), "samples_ms", None),
+                      "candidate_ms": getattr(getattr(r.timing, "candidate", None), "samples_ms", None),
+                      "candidate_wall_ms": getattr(r.timing, "candidate_wall_ms", None),
+                      "log": [x for x in getattr(r, "log", []) if "profile" in x][-8:]}), flush=True)
 ev.close()
 """
 
