@@ -80,7 +80,7 @@ from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import DEFAULT_HIDE, JailSpec, candidate_expose, command_prefix, private_roots, set_rlimits
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone
-from sandbox.timing import Timer, agrees_with_estimate, floor_by_estimate, l2_flush_buffer, trusted_estimate
+from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
 from sandbox.timing_gate import gate_cubin, load_gate
 
@@ -1182,12 +1182,18 @@ def _tensor_list(v: Any) -> list:
 
 
 def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
-               rounds: int = 3, pings: int = 5) -> tuple[float, float]:
-    """(round trip of an empty request in ms, the harness's own cost per timed call in ms), measured before the
-    solution is imported, while only trusted code runs in the candidate's process: pings, then `calibrate`
-    requests that go through the time request's path (input sets of the task's shapes, a no-op for forward that
-    returns tensors of the reference's output shapes, the copies and checks after each call). Never measured again
-    afterwards: the solution's process could delay its answers at will (sandbox.timing)."""
+               rounds: int = 3, pings: int = 5) -> tuple[float, float, float]:
+    """(round trip of an empty request in ms, the harness's fixed cost per time request in ms, its cost per timed
+    call in ms), measured before the solution is imported, while only trusted code runs in the candidate's process:
+    pings, then `calibrate` requests that go through the time request's path (input sets of the task's shapes, a
+    no-op for forward that returns tensors of the reference's output shapes, the copies and checks after each call).
+
+    Requests of 1 call and of `calls` calls alternate, `rounds` of each. The fixed and the per-call costs are
+    separated by the two sizes: cost(n) = fixed + n * per_call, medians of each size. A profile whose repetitions
+    time a number of calls other than the calibration's then gets the right estimate. One size alone would spread
+    the fixed cost over its n calls: with 4 calls calibrated and 16 timed, the estimate would come out 3 x fixed too
+    low, which is time a solution could hide outside its clock. The costs are never measured again: the solution's
+    process could delay its answers at will (sandbox.timing)."""
     rtt = math.inf
     for _ in range(pings):
         tp = time.perf_counter()
@@ -1195,22 +1201,25 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
         rtt = min(rtt, (time.perf_counter() - tp) * 1e3)
     zeros = [torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for t in x_cpu]
     outs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in _tensor_list(ref_out)]
-    n = max(1, calls)
-    ovhs = []
+    big = max(2, calls)
+    costs: dict[int, list[float]] = {1: [], big: []}
     for _ in range(rounds):
-        rec = cand.encode_inputs([zeros] * n, io)
-        tw = time.perf_counter()
-        reply = _run(cand, {"op": "calibrate", "input_sets": rec, "outputs": outs}, 30.0, "calibration")
-        wall = (time.perf_counter() - tw) * 1e3
-        _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
-        loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
-        ovhs.append(max(0.0, wall - rtt - loop - prep) / n)
-    return rtt, sorted(ovhs)[len(ovhs) // 2]
+        for n in (1, big):
+            rec = cand.encode_inputs([zeros] * n, io)
+            tw = time.perf_counter()
+            reply = _run(cand, {"op": "calibrate", "input_sets": rec, "outputs": outs}, 30.0, "calibration")
+            wall = (time.perf_counter() - tw) * 1e3
+            _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
+            loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
+            costs[n].append(max(0.0, wall - rtt - loop - prep))
+    one, many = (sorted(v)[len(v) // 2] for v in (costs[1], costs[big]))
+    per_call = max(0.0, (many - one) / (big - 1))
+    return rtt, max(0.0, one - per_call), per_call
 
 
 def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,
              cuda: bool, device: str, atol: float, rtol: float, out: dict, io: str, fmt: str,
-             prec: dict, calib: tuple[float, float]) -> TimingStats:
+             prec: dict, calib: tuple[float, float, float]) -> TimingStats:
     """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
     doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds (made ahead
     by the Prefetch thread, which is held idle around every timed region, or here), the same for the three; the candidate
@@ -1243,7 +1252,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
 
     # the round trip and the harness's own cost per call, measured before any solution code existed (_calibrate):
     # pings the solution's process answers now could be delayed at will
-    rtt, ovh = calib
+    rtt, fixed, ovh = calib
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)
@@ -1268,6 +1277,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
     disagreements = 0
+    charged: list[bool] = []  # per candidate repetition: its sample already carries its whole shortfall
     cand_gated = 0
     cand_side = 0
     cand_host: list[float] = []
@@ -1324,16 +1334,21 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
                     raise StageFailure(Status.RUNTIME_ERROR, f"profile: the candidate reported a bad time {loop!r}")
                 ms = ev / calls
-                est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms)
+                est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms, fixed)
                 ests.append(est)
                 ratios.append(loop / max(est, 1e-6))
                 shortfalls.append(est - loop)
-                if not agrees_with_estimate(loop, wall, est, rtt):
-                    disagreements += 1
+                full_charge = True
+                if loop > wall + 0.5:  # more in-process time than the wall clock around it: not believed
                     ms = max(est, loop) / calls
+                elif not agrees_with_estimate(loop, wall, est, rtt):  # a gross shortfall: charged in full
+                    ms = (ev + max(est - loop, 0.0)) / calls
                 elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg, fmt)):
-                    disagreements += 1
                     ms = loop / calls
+                else:
+                    full_charge = False
+                disagreements += full_charge
+                charged.append(full_charge)
                 samples[im].append(ms)
         full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
@@ -1360,17 +1375,18 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                           "include the host's time to enqueue each call")
     if disagreements:
         out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
-                          "wall clock; the wall clock (less the request round trip) was used for those")
-    # systematically less than the trusted wall clock allows: no repetition counts for less than it, less the slack
-    # (a liar gains at most the slack; an honest figure is replaced only where it is that far short)
+                          "wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
+                          "in full, or the wall clock used)")
+    # systematically less than the trusted wall clock allows: each repetition is charged its shortfall beyond the
+    # slack (a liar gains at most the slack; an honest figure changes only where it is that far short)
     loops = [e - sh for e, sh in zip(ests, shortfalls)]
-    floored, med_short, limit = floor_by_estimate(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms,
-                                                  cfg.timing_slack_rel)
+    floored, med_short, limit = charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms,
+                                                  cfg.timing_slack_rel, charged)
     if med_short > limit:
         samples["candidate"] = floored
         out["log"].append(f"profile: the candidate's in-process timings fell short of the trusted wall clock by a "
-                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition counts "
-                          "for at least the wall clock, less the round trip, the harness's own cost and the slack")
+                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition is "
+                          "charged its shortfall beyond the slack")
     if cuda:
         r = _nvml(torch.device(device).index or 0)
         if r:
