@@ -128,6 +128,7 @@ class TaskState:
         self.last_baselines: dict[str, Any] = {}
         self.segment_bytes = 0  # input segment size the last evaluation needed (0: not evaluated yet)
         self.inputs_on_device = True  # CUDA: get_inputs() runs under torch.device(device) (see make_inputs)
+        self.mutates_inputs = False  # the reference writes its inputs in place (seen by reference_outputs)
 
     def make_inputs(self, seed: int) -> list:
         """The input set for a seed (the candidate gets copies of these tensors, never the seed).
@@ -155,16 +156,23 @@ class TaskState:
     def to_device(self, v: Any) -> Any:
         """A copy of input set v on the device, private to its user: on CUDA a tensor already there is copied too
         (a reference that writes its inputs in place must not change the set the candidate is sent); on the CPU
-        backend CPU tensors are used as they are."""
+        backend CPU tensors are used as they are, unless the reference writes its inputs in place
+        (`mutates_inputs`): then they are copied too."""
         if isinstance(v, torch.Tensor):
-            return v.to(self.device, copy=v.is_cuda)
+            return v.to(self.device, copy=v.is_cuda or self.mutates_inputs)
         if isinstance(v, (list, tuple)):
             return type(v)(self.to_device(x) for x in v)
         return v
 
     def reference_outputs(self, inputs_dev: list) -> Any:
+        """The reference's outputs on copies of inputs_dev (CPU tensors); a reference that writes its inputs in place
+        is noted (`mutates_inputs`: every baseline call then gets private copies, see to_device and _profile)."""
+        ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs_dev]
         with torch.no_grad():
-            out = self.model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs_dev])
+            out = self.model(*ins)
+        if not self.mutates_inputs:
+            self.mutates_inputs = any(isinstance(a, torch.Tensor) and not torch.equal(a, b)
+                                      for a, b in zip(ins, inputs_dev))
         cpu = _to_cpu(out)
         scrub_device(out)
         return cpu
@@ -853,8 +861,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         try:
             seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
             ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
+            # the reference outputs first (on copies): they tell whether the reference writes its inputs, and so
+            # whether the device sets the baselines use must be private copies on the CPU backend too (to_device)
+            ref["ref_outs"] = [state.reference_outputs(state.to_device(x)) for x in ref["inputs_cpu"]]
             ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
-            ref["ref_outs"] = [state.reference_outputs(x) for x in ref["inputs_dev"]]
             ref["plan"] = (ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"], job["format"]) if cfg.profile
                            else None)
         except Exception as e:  # noqa: BLE001
@@ -993,10 +1003,13 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             spill.close()
 
 
-def tree_cpu_s(pid: int) -> float | None:
+def tree_cpu_s(pid: int, precise: bool = False) -> float | None:
     """CPU seconds (user + system, all threads) of process `pid` and its descendants, read from /proc (children
-    through /proc/PID/task/TID/children); None when pid's own stat cannot be read. Clock-tick resolution."""
+    through /proc/PID/task/TID/children); None when pid's own stat cannot be read. Clock-tick resolution; with
+    `precise`, each process's CPU clock (clock_gettime on its CLOCK_PROCESS_CPUTIME_ID: nanoseconds, every thread,
+    exited ones included) where it can be read, its stat's ticks where not."""
     ticks = 0
+    exact = 0.0
     stack, seen = [pid], set()
     while stack:
         p = stack.pop()
@@ -1007,7 +1020,11 @@ def tree_cpu_s(pid: int) -> float | None:
             with open(f"/proc/{p}/stat", "rb") as f:
                 stat = f.read()
             fields = stat[stat.rindex(b")") + 2:].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+            clock = _process_cpu_clock_s(p) if precise else None
+            if clock is None:
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+            else:
+                exact += clock
             for t in os.listdir(f"/proc/{p}/task"):
                 try:
                     with open(f"/proc/{p}/task/{t}/children", "rb") as f:
@@ -1017,7 +1034,16 @@ def tree_cpu_s(pid: int) -> float | None:
         except (OSError, ValueError, IndexError):
             if p == pid:
                 return None
-    return ticks / _CLK_TCK
+    return ticks / _CLK_TCK + exact
+
+
+def _process_cpu_clock_s(pid: int) -> float | None:
+    """Process pid's CPU clock (seconds, all its threads; Linux's MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), what
+    clock_getcpuclockid(3) returns), or None where it cannot be read."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except (OSError, OverflowError):
+        return None
 
 
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
@@ -1284,6 +1310,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     ratios: list[float] = []
     shortfalls: list[float] = []
     ests: list[float] = []
+    cpu_over: list[float] = []  # CPU backend, per candidate repetition: CPU ms beyond cpu_threads x its wall clock
+    cpu_walls: list[float] = []
     full_done = False
 
     def rep_sets(r: int) -> list:
@@ -1302,6 +1330,9 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         if cuda:
             torch.cuda.synchronize()
         h2d_ms = (time.perf_counter() - tx) * 1e3
+        # a reference that writes its inputs: torch.compile gets sets of its own (eager's outputs are the reference)
+        sets_comp = ([state.to_device(x) for x in sets] if state.mutates_inputs and compiled is not None
+                     else sets_dev)
         ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
@@ -1311,15 +1342,17 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 samples[im].append(res["ms_per_call"])
             elif im == "compiled":
                 with pf.quiet():
-                    samples[im].append(timer.run(comp, sets_dev, label="compiled")["ms_per_call"])
+                    samples[im].append(timer.run(comp, sets_comp, label="compiled")["ms_per_call"])
             else:
                 with pf.quiet():
                     te = time.perf_counter()
                     rec = cand.encode_inputs(sets, io)  # into the segment (or spill files) now, before the clock
                     enc_ms = (time.perf_counter() - te) * 1e3
+                    c0 = tree_cpu_s(cand.pid, precise=True) if not cuda else None
                     tw = time.perf_counter()
                     reply = _run(cand, {"op": "time", "input_sets": rec}, left(), "profile")
                     wall = (time.perf_counter() - tw) * 1e3
+                    c1 = tree_cpu_s(cand.pid, precise=True) if c0 is not None else None
                 del rec
                 walls.append(wall / calls)
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
@@ -1349,12 +1382,28 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     full_charge = False
                 disagreements += full_charge
                 charged.append(full_charge)
+                if c0 is not None and c1 is not None:
+                    # CPU backend: CPU time beyond cpu_threads cores over the request's wall clock is work done on
+                    # cores the baselines did not get (a thread of the solution's own, native ones included): it is
+                    # charged as if those threads had run it
+                    over = max(0.0, (c1 - c0) * 1e3 - cfg.cpu_threads * wall)
+                    cpu_over.append(over)
+                    cpu_walls.append(wall)
+                    ms += over / max(cfg.cpu_threads, 1) / calls
                 samples[im].append(ms)
         full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
         _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         scrub_device(ref_outs)
-        del sets, sets_dev, ref_outs
+        del sets, sets_dev, sets_comp, ref_outs
+    if cpu_over and sum(cpu_over) > max(2.0, 0.1 * cfg.cpu_threads * sum(cpu_walls)):
+        msg = (f"the candidate's process used {sum(cpu_over):.1f} ms of CPU beyond {cfg.cpu_threads} thread(s) over "
+               f"its timed repetitions ({sum(cpu_walls):.1f} ms of wall clock): threads of its own beyond the "
+               "baselines' (SandboxConfig.cpu_threads)")
+        raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("parallel_work", msg)])
+    if any(cpu_over):
+        out["log"].append(f"profile: the candidate's process used {sum(cpu_over):.2f} ms of CPU beyond "
+                          f"{cfg.cpu_threads} thread(s) over its timed repetitions; charged to them")
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
     if med_ratio < 0.1 and med_short > 2.0:
@@ -1377,16 +1426,17 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
                           "wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
                           "in full, or the wall clock used)")
-    # systematically less than the trusted wall clock allows: each repetition is charged its shortfall beyond the
-    # slack (a liar gains at most the slack; an honest figure changes only where it is that far short)
+    # less than the trusted wall clock allows: each repetition is charged its own shortfall beyond the slack (a liar
+    # gains at most the slack in any repetition; an honest figure changes only where it is that far short)
     loops = [e - sh for e, sh in zip(ests, shortfalls)]
     floored, med_short, limit = charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms,
                                                   cfg.timing_slack_rel, charged)
-    if med_short > limit:
+    n_charged = sum(a != b for a, b in zip(floored, samples["candidate"]))
+    if n_charged:
         samples["candidate"] = floored
-        out["log"].append(f"profile: the candidate's in-process timings fell short of the trusted wall clock by a "
-                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition is "
-                          "charged its shortfall beyond the slack")
+        out["log"].append(f"profile: {n_charged} of {len(floored)} candidate repetitions fell short of the trusted "
+                          f"wall clock by more than the slack ({limit:.2f} ms; median shortfall {med_short:.2f} ms per "
+                          "repetition); each was charged its shortfall beyond the slack")
     if cuda:
         r = _nvml(torch.device(device).index or 0)
         if r:
