@@ -1279,6 +1279,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     # the round trip and the harness's own cost per call, measured before any solution code existed (_calibrate):
     # pings the solution's process answers now could be delayed at will
     rtt, fixed, ovh = calib
+    out["log"].append(f"profile: calibrated before the import: round trip {rtt:.3f} ms, harness {fixed:.3f} ms per "
+                      f"request + {ovh:.3f} ms per timed call")
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)

@@ -80,6 +80,8 @@ def test_native_helper_thread_inside_the_timed_calls_is_parallel_work(evaluator)
     if not _two_cores_free():
         pytest.skip("this host cannot run two threads at once right now: the helper would gain nothing to refuse")
     res = evaluator.evaluate(task(), adversarial("parallel_helper_thread"), "cpu")
+    if res.status == "ok" and not _two_cores_free():
+        pytest.skip("the host got loaded during the evaluation: the helper ran on no core of its own")
     assert res.status == "forbidden" and res.reward == -1, f"{res.status} {res.reward}: {res.message[:300]}"
     assert "parallel_work" in kinds(res), (res.message, res.violations)
 
@@ -190,3 +192,51 @@ def test_cpu_only_get_inputs_falls_back_and_keeps_an_honest_solution_correct(tmp
         assert res.status == "ok" and res.reward >= 0, f"{res.status}: {res.message[:300]}"
     finally:
         ev.close()
+
+
+# ------------------------------------------------------------------- CUDA: GPU work hidden in the harness's gaps
+_HONEST_BINDING = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+void heavy_chain_launch(const float* x, float* y, long long n, int reps, cudaStream_t stream);
+torch::Tensor forward(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x must be a float32 CUDA tensor");
+    auto xc = x.contiguous();
+    auto out = torch::empty_like(xc);
+    heavy_chain_launch(xc.data_ptr<float>(), out.data_ptr<float>(), xc.numel(), 6000, at::cuda::getCurrentCUDAStream());
+    return out;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "heavy elementwise chain"); }
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=False, reason="open: extension-format native threads can run GPU work between timed calls, "
+                                        "overlapping the harness's own per-call cost (copies, checks, L2 flush), seen "
+                                        "by neither the in-process clock nor the trusted wall clock")
+def test_gpu_work_between_timed_calls_gains_nothing(tmp_path):
+    """solutions/gpu_ext_overlap (its docstring says how): the same heavy kernel, honest and with the next call's
+    output computed by a helper thread between calls. Open hole when the attack's speed-up is above the honest
+    interval; the test prints both (if the attack ran at all: its status must be ok for the comparison to mean
+    anything)."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    from integrity_lib import HERE
+
+    attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
+    honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
+    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0))
+    try:
+        h = ev.evaluate(task(), honest, "extension")
+        a = ev.evaluate(task(), attack, "extension")
+    finally:
+        ev.close()
+    print(f"\nhonest: {h.status} {h.message[:200]} {h.timing.speedup_eager if h.timing else None}")
+    print(f"attack: {a.status} {a.message[:200]} {a.timing.speedup_eager if a.timing else None} {kinds(a)}")
+    assert h.ok and h.timing is not None, h.message
+    if a.ok:
+        assert a.timing.speedup_eager.point <= h.timing.speedup_eager.hi * 1.05, (a.timing.speedup_eager,
+                                                                                 h.timing.speedup_eager)
+    else:
+        assert a.reward == -1, a.message
