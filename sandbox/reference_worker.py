@@ -39,7 +39,8 @@ One evaluation (`run_job`):
    request, less the calibrated costs (sandbox.timing.trusted_estimate, agrees_with_estimate, and the median
    slack); every timed call's outputs (copied by the candidate's harness right after the call) are checked at
    positions chosen after the calls, and one call's in full, against eager's outputs on the same inputs; then
-   speed-ups, intervals and the milestone (sandbox.stats);
+   speed-ups, intervals and the milestone (sandbox.stats). From `early_stop_reps` repetitions on, the profile ends
+   once the milestone is settled (its `early_stop_level` intervals clear every threshold that decides it);
 4. kill the candidate's process tree, whatever happened.
 
 What the trusted side gives the candidate, and when: input tensors and weights, never a seed, a reference output
@@ -77,9 +78,10 @@ import torch
 from sandbox import shm as shm_mod
 from sandbox import wire
 from sandbox.config import SandboxConfig, gate_allowance_ms
-from sandbox.jail import DEFAULT_HIDE, JailSpec, candidate_expose, command_prefix, private_roots, set_rlimits
+from sandbox.jail import (DEFAULT_HIDE, PASSED_ENV, JailSpec, candidate_expose, command_prefix, set_rlimits,
+                          toolkit_dirs, trusted_roots)
 from sandbox.result import Status, TimingStats, TrialResult, Violation
-from sandbox.stats import bootstrap_speedup, distribution, milestone
+from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_settled
 from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
 from sandbox.timing_gate import gate_cubin, load_gate
@@ -234,9 +236,7 @@ def _worker_env(cfg: SandboxConfig) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0",
     }
-    for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LANG"):
-        if k in os.environ:
-            env[k] = os.environ[k]
+    env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
     return env
 
 
@@ -565,15 +565,11 @@ def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
 
 def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writable: list[str],
                    uid: int) -> JailSpec:
-    # the folders the environment points the candidate's libraries at stay visible under the hidden roots
-    env_dirs = [d for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH") for d in os.environ.get(k, "").split(os.pathsep)
-                if d and os.path.isdir(d)]
     # the trusted side's folders are hidden and the workspace's reference copy concealed (sandbox.jail): native
     # code of the solution, which the in-process monitor cannot see, opens none of them
-    cache = Path(cfg.cache_dir)
-    private = private_roots([str(cache), str(cache.parent / "sandbox-inline"), str(cfg.workspaces_dir)])
+    private = trusted_roots(cfg.cache_dir, str(cfg.workspaces_dir))
     return JailSpec(workspace=ws, readonly=[], writable=writable, uid=uid,
-                    expose=candidate_expose() + sorted(set(env_dirs)), rlimits=_rlimits(cfg, device),
+                    expose=candidate_expose() + toolkit_dirs(), rlimits=_rlimits(cfg, device),
                     hide=list(DEFAULT_HIDE) + private, conceal=[model_py])
 
 
@@ -1315,6 +1311,23 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     cpu_over: list[float] = []  # CPU backend, per candidate repetition: CPU ms beyond cpu_threads x its wall clock
     cpu_walls: list[float] = []
     full_done = False
+    early = cfg.early_stop_reps if 0 < cfg.early_stop_reps < cfg.reps else 0
+    # with early stopping, the full check falls in a random one of the first `early` repetitions (one may end there)
+    first_full = rng.randrange(early) if early else -1
+    stopped_at = 0
+
+    def charged_candidate() -> tuple[list[float], float, float]:
+        loops = [e - sh for e, sh in zip(ests, shortfalls)]
+        return charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms, cfg.timing_slack_rel,
+                                charged)
+
+    def settled() -> bool:
+        """The milestone on the repetitions so far, at early_stop_level, cannot change (stats.milestone_settled)."""
+        cand_ms = charged_candidate()[0]
+        lvl, n = cfg.early_stop_level, cfg.bootstrap_samples
+        se = bootstrap_speedup(samples["eager"], cand_ms, n, lvl)
+        sc = bootstrap_speedup(samples["compiled"], cand_ms, n, lvl) if compiled is not None else None
+        return milestone_settled(se, sc, cfg.faster_than_eager, cfg.faster_than_compile, cfg.top_margin)
 
     def rep_sets(r: int) -> list:
         made, plan.reps[r] = plan.reps[r], []  # each set is used by one repetition, then freed
@@ -1393,7 +1406,10 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     cpu_walls.append(wall)
                     ms += over / max(cfg.cpu_threads, 1) / calls
                 samples[im].append(ms)
-        full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
+        if early:
+            full = r == first_full or rng.random() < max(cfg.full_checks - 1.0, 0.0) / cfg.reps
+        else:
+            full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
         # the sample request (the checks of the repetition's copies) is timed by nothing: work a thread of the
         # solution's own does there beyond cpu_threads cores (filling the harness's copies, say) is parallel work too
@@ -1410,6 +1426,16 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 samples["candidate"][-1] += over / max(cfg.cpu_threads, 1) / calls
         scrub_device(ref_outs)
         del sets, sets_dev, sets_comp, ref_outs
+        if early and r + 1 >= early and r + 1 < cfg.reps and full_done and settled():
+            stopped_at = r + 1
+            break
+    if stopped_at:
+        for made in plan.reps[stopped_at:]:  # sets made ahead for repetitions that will not run: dropped
+            for f in made:
+                f.cancel()
+        plan.reps[stopped_at:] = [[] for _ in plan.reps[stopped_at:]]
+        out["log"].append(f"profile: the milestone was settled after {stopped_at} of {cfg.reps} repetitions (its "
+                          f"{cfg.early_stop_level:.0%} intervals clear every threshold); the rest were not run")
     if cpu_over and sum(cpu_over) > max(2.0, 0.1 * cfg.cpu_threads * sum(cpu_walls)):
         msg = (f"the candidate's process used {sum(cpu_over):.1f} ms of CPU beyond {cfg.cpu_threads} thread(s) over "
                f"its time and sample requests ({sum(cpu_walls):.1f} ms of wall clock): threads of its own beyond the "
@@ -1437,14 +1463,12 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                           "it (its gate did not load, or expired: a call that synchronises the device); its times "
                           "include the host's time to enqueue each call")
     if disagreements:
-        out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
-                          "wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
+        out["log"].append(f"profile: {disagreements} of {len(samples['candidate'])} candidate repetitions disagreed "
+                          "with the trusted wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
                           "in full, or the wall clock used)")
     # less than the trusted wall clock allows: each repetition is charged its own shortfall beyond the slack (a liar
     # gains at most the slack in any repetition; an honest figure changes only where it is that far short)
-    loops = [e - sh for e, sh in zip(ests, shortfalls)]
-    floored, med_short, limit = charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms,
-                                                  cfg.timing_slack_rel, charged)
+    floored, med_short, limit = charged_candidate()
     n_charged = sum(a != b for a, b in zip(floored, samples["candidate"]))
     if n_charged:
         samples["candidate"] = floored
