@@ -134,10 +134,10 @@ class SandboxConfig:
     top_margin: float = 1.05
     """Milestone 3: lower bounds over both eager and torch.compile at least this (5% faster)."""
     timing_slack_ms: float = 0.25
-    """Profile: how far (ms, plus timing_slack_rel of the repetition) the candidate's in-process figure may fall
-    short of the trusted wall-clock estimate in the median repetition before every repetition counts for at least
-    the estimate less this slack (sandbox.timing.trusted_estimate): the most a candidate can gain by
-    under-reporting."""
+    """Profile: how far (ms, plus timing_slack_rel of the median repetition's estimate) a repetition's in-process
+    figure may fall short of the trusted wall-clock estimate (sandbox.timing.trusted_estimate) before the
+    repetition is charged its shortfall beyond this slack (sandbox.timing.charge_shortfall): the most a candidate
+    can gain by under-reporting, per repetition."""
     timing_slack_rel: float = 0.03
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     l2_flush_bytes: int = 256 * 1024 * 1024

@@ -130,6 +130,7 @@ class TaskState:
         self.last_baselines: dict[str, Any] = {}
         self.segment_bytes = 0  # input segment size the last evaluation needed (0: not evaluated yet)
         self.inputs_on_device = True  # CUDA: get_inputs() runs under torch.device(device) (see make_inputs)
+        self.mutates_inputs = False  # the reference writes its inputs in place (seen by reference_outputs)
 
     def make_inputs(self, seed: int) -> list:
         """The input set for a seed (the candidate gets copies of these tensors, never the seed).
@@ -157,16 +158,23 @@ class TaskState:
     def to_device(self, v: Any) -> Any:
         """A copy of input set v on the device, private to its user: on CUDA a tensor already there is copied too
         (a reference that writes its inputs in place must not change the set the candidate is sent); on the CPU
-        backend CPU tensors are used as they are."""
+        backend CPU tensors are used as they are, unless the reference writes its inputs in place
+        (`mutates_inputs`): then they are copied too."""
         if isinstance(v, torch.Tensor):
-            return v.to(self.device, copy=v.is_cuda)
+            return v.to(self.device, copy=v.is_cuda or self.mutates_inputs)
         if isinstance(v, (list, tuple)):
             return type(v)(self.to_device(x) for x in v)
         return v
 
     def reference_outputs(self, inputs_dev: list) -> Any:
+        """The reference's outputs on copies of inputs_dev (CPU tensors); a reference that writes its inputs in place
+        is noted (`mutates_inputs`: every baseline call then gets private copies, see to_device and _profile)."""
+        ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs_dev]
         with torch.no_grad():
-            out = self.model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs_dev])
+            out = self.model(*ins)
+        if not self.mutates_inputs:
+            self.mutates_inputs = any(isinstance(a, torch.Tensor) and not torch.equal(a, b)
+                                      for a, b in zip(ins, inputs_dev))
         cpu = _to_cpu(out)
         scrub_device(out)
         return cpu
@@ -849,8 +857,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         try:
             seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
             ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
+            # the reference outputs first (on copies): they tell whether the reference writes its inputs, and so
+            # whether the device sets the baselines use must be private copies on the CPU backend too (to_device)
+            ref["ref_outs"] = [state.reference_outputs(state.to_device(x)) for x in ref["inputs_cpu"]]
             ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
-            ref["ref_outs"] = [state.reference_outputs(x) for x in ref["inputs_dev"]]
             ref["plan"] = (ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"], job["format"]) if cfg.profile
                            else None)
         except Exception as e:  # noqa: BLE001
@@ -989,10 +999,13 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             spill.close()
 
 
-def tree_cpu_s(pid: int) -> float | None:
+def tree_cpu_s(pid: int, precise: bool = False) -> float | None:
     """CPU seconds (user + system, all threads) of process `pid` and its descendants, read from /proc (children
-    through /proc/PID/task/TID/children); None when pid's own stat cannot be read. Clock-tick resolution."""
+    through /proc/PID/task/TID/children); None when pid's own stat cannot be read. Clock-tick resolution; with
+    `precise`, each process's CPU clock (clock_gettime on its CLOCK_PROCESS_CPUTIME_ID: nanoseconds, every thread,
+    exited ones included) where it can be read, its stat's ticks where not."""
     ticks = 0
+    exact = 0.0
     stack, seen = [pid], set()
     while stack:
         p = stack.pop()
@@ -1003,7 +1016,11 @@ def tree_cpu_s(pid: int) -> float | None:
             with open(f"/proc/{p}/stat", "rb") as f:
                 stat = f.read()
             fields = stat[stat.rindex(b")") + 2:].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+            clock = _process_cpu_clock_s(p) if precise else None
+            if clock is None:
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+            else:
+                exact += clock
             for t in os.listdir(f"/proc/{p}/task"):
                 try:
                     with open(f"/proc/{p}/task/{t}/children", "rb") as f:
@@ -1013,7 +1030,16 @@ def tree_cpu_s(pid: int) -> float | None:
         except (OSError, ValueError, IndexError):
             if p == pid:
                 return None
-    return ticks / _CLK_TCK
+    return ticks / _CLK_TCK + exact
+
+
+def _process_cpu_clock_s(pid: int) -> float | None:
+    """Process pid's CPU clock (seconds, all its threads; Linux's MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), what
+    clock_getcpuclockid(3) returns), or None where it cannot be read."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except (OSError, OverflowError):
+        return None
 
 
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
@@ -1249,6 +1275,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     # the round trip and the harness's own cost per call, measured before any solution code existed (_calibrate):
     # pings the solution's process answers now could be delayed at will
     rtt, fixed, ovh = calib
+    out["log"].append(f"profile: calibrated before the import: round trip {rtt:.3f} ms, harness {fixed:.3f} ms per "
+                      f"request + {ovh:.3f} ms per timed call")
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)
@@ -1280,6 +1308,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     ratios: list[float] = []
     shortfalls: list[float] = []
     ests: list[float] = []
+    cpu_over: list[float] = []  # CPU backend, per candidate repetition: CPU ms beyond cpu_threads x its wall clock
+    cpu_walls: list[float] = []
     full_done = False
     early = cfg.early_stop_reps if 0 < cfg.early_stop_reps < cfg.reps else 0
     # with early stopping, the full check falls in a random one of the first `early` repetitions (one may end there)
@@ -1293,8 +1323,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
 
     def settled() -> bool:
         """The milestone on the repetitions so far, at early_stop_level, cannot change (stats.milestone_settled)."""
-        cs, med, limit = charged_candidate()
-        cand_ms = cs if med > limit else samples["candidate"]
+        cand_ms = charged_candidate()[0]
         lvl, n = cfg.early_stop_level, cfg.bootstrap_samples
         se = bootstrap_speedup(samples["eager"], cand_ms, n, lvl)
         sc = bootstrap_speedup(samples["compiled"], cand_ms, n, lvl) if compiled is not None else None
@@ -1316,6 +1345,9 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         if cuda:
             torch.cuda.synchronize()
         h2d_ms = (time.perf_counter() - tx) * 1e3
+        # a reference that writes its inputs: torch.compile gets sets of its own (eager's outputs are the reference)
+        sets_comp = ([state.to_device(x) for x in sets] if state.mutates_inputs and compiled is not None
+                     else sets_dev)
         ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
@@ -1325,15 +1357,17 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 samples[im].append(res["ms_per_call"])
             elif im == "compiled":
                 with pf.quiet():
-                    samples[im].append(timer.run(comp, sets_dev, label="compiled")["ms_per_call"])
+                    samples[im].append(timer.run(comp, sets_comp, label="compiled")["ms_per_call"])
             else:
                 with pf.quiet():
                     te = time.perf_counter()
                     rec = cand.encode_inputs(sets, io)  # into the segment (or spill files) now, before the clock
                     enc_ms = (time.perf_counter() - te) * 1e3
+                    c0 = tree_cpu_s(cand.pid, precise=True) if not cuda else None
                     tw = time.perf_counter()
                     reply = _run(cand, {"op": "time", "input_sets": rec}, left(), "profile")
                     wall = (time.perf_counter() - tw) * 1e3
+                    c1 = tree_cpu_s(cand.pid, precise=True) if c0 is not None else None
                 del rec
                 walls.append(wall / calls)
                 if fmt in ("cpu", "cubin") and not reply.get("launches"):
@@ -1363,15 +1397,35 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     full_charge = False
                 disagreements += full_charge
                 charged.append(full_charge)
+                if c0 is not None and c1 is not None:
+                    # CPU backend: CPU time beyond cpu_threads cores over the request's wall clock is work done on
+                    # cores the baselines did not get (a thread of the solution's own, native ones included): it is
+                    # charged as if those threads had run it
+                    over = max(0.0, (c1 - c0) * 1e3 - cfg.cpu_threads * wall - 0.02)
+                    cpu_over.append(over)
+                    cpu_walls.append(wall)
+                    ms += over / max(cfg.cpu_threads, 1) / calls
                 samples[im].append(ms)
         if early:
             full = r == first_full or rng.random() < max(cfg.full_checks - 1.0, 0.0) / cfg.reps
         else:
             full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
+        # the sample request (the checks of the repetition's copies) is timed by nothing: work a thread of the
+        # solution's own does there beyond cpu_threads cores (filling the harness's copies, say) is parallel work too
+        c0 = tree_cpu_s(cand.pid, precise=True) if not cuda else None
+        ts = time.perf_counter()
         _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
+        if c0 is not None:
+            c1 = tree_cpu_s(cand.pid, precise=True)
+            sw = (time.perf_counter() - ts) * 1e3
+            if c1 is not None:
+                over = max(0.0, (c1 - c0) * 1e3 - cfg.cpu_threads * sw - 0.02)
+                cpu_over.append(over)
+                cpu_walls.append(sw)
+                samples["candidate"][-1] += over / max(cfg.cpu_threads, 1) / calls
         scrub_device(ref_outs)
-        del sets, sets_dev, ref_outs
+        del sets, sets_dev, sets_comp, ref_outs
         if early and r + 1 >= early and r + 1 < cfg.reps and full_done and settled():
             stopped_at = r + 1
             break
@@ -1382,6 +1436,14 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         plan.reps[stopped_at:] = [[] for _ in plan.reps[stopped_at:]]
         out["log"].append(f"profile: the milestone was settled after {stopped_at} of {cfg.reps} repetitions (its "
                           f"{cfg.early_stop_level:.0%} intervals clear every threshold); the rest were not run")
+    if cpu_over and sum(cpu_over) > max(2.0, 0.1 * cfg.cpu_threads * sum(cpu_walls)):
+        msg = (f"the candidate's process used {sum(cpu_over):.1f} ms of CPU beyond {cfg.cpu_threads} thread(s) over "
+               f"its time and sample requests ({sum(cpu_walls):.1f} ms of wall clock): threads of its own beyond the "
+               "baselines' (SandboxConfig.cpu_threads)")
+        raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("parallel_work", msg)])
+    if sum(cpu_over) > 0.01:
+        out["log"].append(f"profile: the candidate's process used {sum(cpu_over):.2f} ms of CPU beyond "
+                          f"{cfg.cpu_threads} thread(s) over its time and sample requests; charged to its repetitions")
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
     if med_ratio < 0.1 and med_short > 2.0:
@@ -1401,17 +1463,18 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                           "it (its gate did not load, or expired: a call that synchronises the device); its times "
                           "include the host's time to enqueue each call")
     if disagreements:
-        out["log"].append(f"profile: {disagreements} of {len(samples['candidate'])} candidate repetitions disagreed with the trusted "
-                          "wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
+        out["log"].append(f"profile: {disagreements} of {len(samples['candidate'])} candidate repetitions disagreed "
+                          "with the trusted wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
                           "in full, or the wall clock used)")
-    # systematically less than the trusted wall clock allows: each repetition is charged its shortfall beyond the
-    # slack (a liar gains at most the slack; an honest figure changes only where it is that far short)
+    # less than the trusted wall clock allows: each repetition is charged its own shortfall beyond the slack (a liar
+    # gains at most the slack in any repetition; an honest figure changes only where it is that far short)
     floored, med_short, limit = charged_candidate()
-    if med_short > limit:
+    n_charged = sum(a != b for a, b in zip(floored, samples["candidate"]))
+    if n_charged:
         samples["candidate"] = floored
-        out["log"].append(f"profile: the candidate's in-process timings fell short of the trusted wall clock by a "
-                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition is "
-                          "charged its shortfall beyond the slack")
+        out["log"].append(f"profile: {n_charged} of {len(floored)} candidate repetitions fell short of the trusted "
+                          f"wall clock by more than the slack ({limit:.2f} ms; median shortfall {med_short:.2f} ms per "
+                          "repetition); each was charged its shortfall beyond the slack")
     if cuda:
         r = _nvml(torch.device(device).index or 0)
         if r:

@@ -1,0 +1,25 @@
+"""CUDA, extension format (timed ungated, its default): a correct, compute-heavy elementwise_chain whose C++ side
+runs a helper thread of its own (std::thread: the extension format's native code has no symbol allow-list, and no
+Python thread exists). After each call returns, the helper computes the next timed call's output on a stream of its
+own, from the input the call guessed (the next block of the caching allocator: the harness stages a repetition's
+sets one after the other before the first call), while the harness copies and checks the outputs and flushes L2 for
+the next call; that call only copies the result. The work runs where neither the in-process clock (between calls)
+nor the trusted wall clock (it overlaps the harness's own per-call cost, which calibration subtracts) sees it.
+
+Defence: none yet (open). A check would have to see GPU work between calls: e.g. the Timer's synchronize before
+each call (`_before_call`) timed, or an event recorded on the legacy default stream around the gap, or gating the
+extension format (`timing_gate_extension`, whose side-stream rule needs the launches to be seen)."""
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_extension
+
+ext = load_extension()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return ext.forward(x)

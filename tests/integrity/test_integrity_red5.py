@@ -1,0 +1,242 @@
+"""Red-team pass 5 (the device-made inputs of 53b10f0 and the shortfall charge of 79371a9): parallel work beyond the
+baselines' threads inside the timed calls, the precise CPU clock that measures it, and honest tasks whose reference
+writes its inputs in place (which the baselines' shared input sets turned into an `incorrect` verdict for an honest
+solution). Each CPU test runs real processes and the real sandbox; the gpu-marked ones run on the H200."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from integrity_lib import CORPUS, adversarial, cpu_config, gpu_config, kinds, task
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    from sandbox.evaluator import Evaluator
+
+    # the training settings' 20 repetitions, static checks on (what a policy faces)
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("red5"), static_checks=True, reps=20))
+    yield ev
+    ev.close()
+
+
+_SPIN = r"""
+import sys, threading, time
+def spin(s):
+    t = time.thread_time()
+    while time.thread_time() - t < s:
+        pass
+print("ready", flush=True)
+sys.stdin.readline()
+ts = [threading.Thread(target=spin, args=(0.04,)) for _ in range(3)]  # each exits before the next read
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_precise_tree_cpu_clock_counts_every_thread_exited_ones_included():
+    """The clock the parallel-work check reads: every thread's CPU time, threads that exited included, to well
+    under the 10 ms of /proc's ticks (each of 3 threads spins 40 ms of its own CPU time, then exits)."""
+    from sandbox.reference_worker import tree_cpu_s
+
+    p = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        c0 = tree_cpu_s(p.pid, precise=True)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "done"
+        c1 = tree_cpu_s(p.pid, precise=True)
+        assert c0 is not None and c1 is not None
+        assert 0.12 <= c1 - c0 < 0.2, (c0, c1)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _two_cores_free() -> bool:
+    """Whether this host runs two threads at once right now (a loaded 2-core box does not: then a second thread
+    gains nothing, and its CPU time stays within the wall clock)."""
+    code = ("import threading,time,torch\ntorch.set_num_threads(1)\nx=torch.randn(512,512)\n"
+            "def f():\n  t=time.perf_counter()\n  while time.perf_counter()-t<0.3: x@x\n"
+            "ts=[threading.Thread(target=f) for _ in range(2)]\nc=time.process_time();w=time.perf_counter()\n"
+            "[t.start() for t in ts];[t.join() for t in ts]\n"
+            "print((time.process_time()-c)/(time.perf_counter()-w))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    return float(out.strip() or 0) > 1.6
+
+
+def test_native_helper_thread_inside_the_timed_calls_is_parallel_work(evaluator):
+    """parallel_helper_thread: a correct kernel split over the caller and a native pthread that sleeps in a futex
+    between calls (no background_work, no write_after_return, in-process clock and trusted wall clock agree). Its
+    CPU time beyond cpu_threads x the time requests' wall clock is refused as parallel_work."""
+    if not _two_cores_free():
+        pytest.skip("this host cannot run two threads at once right now: the helper would gain nothing to refuse")
+    res = evaluator.evaluate(task(), adversarial("parallel_helper_thread"), "cpu")
+    if res.status == "ok" and not _two_cores_free():
+        pytest.skip("the host got loaded during the evaluation: the helper ran on no core of its own")
+    assert res.status == "forbidden" and res.reward == -1, f"{res.status} {res.reward}: {res.message[:300]}"
+    assert "parallel_work" in kinds(res), (res.message, res.violations)
+
+
+def test_honest_solution_is_not_parallel_work(evaluator):
+    from sandbox.files import load_solution
+
+    res = evaluator.evaluate(task(), load_solution(CORPUS / "elementwise_chain" / "cpu" / "fast"), "cpu")
+    assert res.status == "ok" and "parallel_work" not in kinds(res), res.message
+
+
+# ------------------------------------------------------------------- a reference that writes its inputs in place
+_INPLACE_LINE = "        y = x * 1.5 + 0.5\n"
+
+
+def _inplace_task():
+    """elementwise_chain with a reference that zeroes its input after its first use: y = (min(relu(1.5x + 0.5),
+    4))^2 + 1 (the rest of the chain sees x = 0)."""
+    t = task()
+    src = t.reference.replace(_INPLACE_LINE, _INPLACE_LINE + "        x.mul_(0.0)\n")
+    assert src != t.reference
+    return dataclasses.replace(t, reference=src, id=t.id + "_inplace")
+
+
+_INPLACE_C = r"""
+void inplace_chain(const float* x, float* y, long long n) {
+    for (long long i = 0; i < n; ++i) {
+        float v = x[i] * 1.5f + 0.5f;
+        v = v > 0.f ? v : 0.f;
+        v = v < 4.f ? v : 4.f;
+        y[i] = v * v + 1.f;
+    }
+}
+"""
+_INPLACE_CU = r"""
+extern "C" __global__ void inplace_chain(const float* __restrict__ x, float* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float v = fminf(fmaxf(x[i] * 1.5f + 0.5f, 0.f), 4.f);
+        y[i] = v * v + 1.f;
+    }
+}
+"""
+
+
+def _inplace_solution(fmt: str) -> dict[str, str]:
+    from sandbox.files import load_solution
+
+    files = dict(load_solution(CORPUS / "elementwise_chain" / fmt / "fast"))
+    files = {k: v for k, v in files.items() if not k.startswith("kernels/")}
+    if fmt == "cpu":
+        files["kernels/inplace_chain.c"] = _INPLACE_C
+        call = "K.inplace_chain(x, out, x.numel())"
+    else:
+        files["kernels/inplace_chain.cu"] = _INPLACE_CU
+        call = "K.inplace_chain(x, out, n, grid=(min((n + 255) // 256, 65535),), block=(256,))"
+    src = files["model_new.py"]
+    head, _, _ = src.partition("        K.elementwise_chain(")
+    files["model_new.py"] = head + f"        {call}\n        return out\n"
+    if fmt == "cubin":
+        assert "n = x.numel()" in files["model_new.py"]
+    return files
+
+
+def test_in_place_reference_keeps_an_honest_solution_correct(tmp_path):
+    """The reference writes its input in place. The sets the baselines use on the CPU backend were the candidate's
+    sets themselves (to_device used CPU tensors as they were): the profile plan's eager calls zeroed the trials'
+    inputs before the candidate was sent them, and the honest solution was `incorrect` on trial 0."""
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(cpu_config(tmp_path, reps=6))
+    try:
+        for _ in range(2):  # the task's second evaluation overlaps the reference stage with the candidate's start
+            res = ev.evaluate(_inplace_task(), _inplace_solution("cpu"), "cpu")
+            assert res.status == "ok" and res.reward >= 0, f"{res.status}: {res.message[:300]}"
+    finally:
+        ev.close()
+
+
+@pytest.mark.gpu
+def test_in_place_reference_with_compile_keeps_an_honest_cubin_solution_correct(tmp_path):
+    """On CUDA with torch.compile: eager and torch.compile shared a repetition's device sets, so torch.compile timed
+    before eager in the rotation changed the inputs eager's outputs (the timed outputs' reference) came from."""
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(gpu_config(tmp_path, use_compile=True, reps=6))
+    try:
+        res = ev.evaluate(_inplace_task(), _inplace_solution("cubin"), "cubin")
+        assert res.status == "ok" and res.reward >= 0, f"{res.status}: {res.message[:300]}"
+    finally:
+        ev.close()
+
+
+@pytest.mark.gpu
+def test_cpu_only_get_inputs_falls_back_and_keeps_an_honest_solution_correct(tmp_path):
+    """Device-made inputs (53b10f0): a get_inputs() that needs the CPU (.numpy() of a tensor, which raises under
+    torch.device('cuda')) is run on the CPU for the task, and the honest solution is still correct and timed."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    t = task()
+    src = t.reference.replace("    return [torch.randn(batch_size, dim)]",
+                              "    return [torch.from_numpy(torch.randn(batch_size, dim).numpy())]")
+    assert src != t.reference
+    t = dataclasses.replace(t, reference=src, id=t.id + "_numpy_inputs")
+    ev = Evaluator(gpu_config(tmp_path, reps=6))
+    try:
+        res = ev.evaluate(t, load_solution(CORPUS / "elementwise_chain" / "cubin" / "fast"), "cubin")
+        assert res.status == "ok" and res.reward >= 0, f"{res.status}: {res.message[:300]}"
+    finally:
+        ev.close()
+
+
+# ------------------------------------------------------------------- CUDA: GPU work hidden in the harness's gaps
+_HONEST_BINDING = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+void heavy_chain_launch(const float* x, float* y, long long n, int reps, cudaStream_t stream);
+torch::Tensor forward(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x must be a float32 CUDA tensor");
+    auto xc = x.contiguous();
+    auto out = torch::empty_like(xc);
+    heavy_chain_launch(xc.data_ptr<float>(), out.data_ptr<float>(), xc.numel(), 6000, at::cuda::getCurrentCUDAStream());
+    return out;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "heavy elementwise chain"); }
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=False, reason="open: extension-format native threads can run GPU work between timed calls, "
+                                        "overlapping the harness's own per-call cost (copies, checks, L2 flush), seen "
+                                        "by neither the in-process clock nor the trusted wall clock")
+def test_gpu_work_between_timed_calls_gains_nothing(tmp_path):
+    """solutions/gpu_ext_overlap (its docstring says how): the same heavy kernel, honest and with the next call's
+    output computed by a helper thread between calls. Open hole when the attack's speed-up is above the honest
+    interval; the test prints both (if the attack ran at all: its status must be ok for the comparison to mean
+    anything)."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    from integrity_lib import HERE
+
+    attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
+    honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
+    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0))
+    try:
+        h = ev.evaluate(task(), honest, "extension")
+        a = ev.evaluate(task(), attack, "extension")
+    finally:
+        ev.close()
+    print(f"\nhonest: {h.status} {h.message[:200]} {h.timing.speedup_eager if h.timing else None}")
+    print(f"attack: {a.status} {a.message[:200]} {a.timing.speedup_eager if a.timing else None} {kinds(a)}")
+    assert h.ok and h.timing is not None, h.message
+    if a.ok:
+        assert a.timing.speedup_eager.point <= h.timing.speedup_eager.hi * 1.05, (a.timing.speedup_eager,
+                                                                                 h.timing.speedup_eager)
+    else:
+        assert a.reward == -1, a.message
