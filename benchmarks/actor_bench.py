@@ -493,14 +493,18 @@ def main(argv: list[str] | None = None) -> int:
         sb_thread.start()
         pre = []
         if not args.no_precompile:
-            for p in buckets:
-                if time.monotonic() > w_deadline:
-                    note(f"warm-up budget reached before prompt bucket {p} was compiled")
+            last_s = 0.0
+            for p in buckets:  # a shape cannot be cut half-way: the next one starts only if it fits, by the last
+                t_p = time.monotonic()
+                if t_p + last_s > w_deadline:
+                    note(f"warm-up budget: prompt bucket {p} and up left to the measured phase (the last shape took "
+                         f"{last_s:.0f} s)")
                     break
                 sampler.precompile(scfg.min_batch_bucket, [p], max_new_tokens=agent.max_new_tokens_per_turn,
                                    on_done=lambda key, s: (pre.append([*key, round(s, 1)]),
                                                            note(f"precompiled sampler shape (batch, prompt, cache) "
                                                                 f"{key} in {s:.1f} s")))
+                last_s = time.monotonic() - t_p
         sb_thread.join(max(0.0, w_deadline - time.monotonic()))
         results["warmup"].update(precompiled=pre, sandbox=dict(sb_out), elapsed_s=round(time.monotonic() - t_w, 1))
         results["timeline"]["warmup_end_s"] = round(note.now(), 1)
