@@ -264,7 +264,7 @@ class CompileLog:
         jax.monitoring.register_event_duration_secs_listener(self._on)
 
     def _on(self, event: str, duration: float, **kw: Any) -> None:
-        if event != self.EVENT:
+        if event != self.EVENT and "backend_compile" not in event:
             return
         name = str(kw.get("fun_name", "?"))
         self.count[name] += 1

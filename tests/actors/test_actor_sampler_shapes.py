@@ -25,7 +25,7 @@ def count_compiles():
     counts: collections.Counter = collections.Counter()
 
     def on(event, duration, **kw):
-        if event == COMPILE_EVENT:
+        if event == COMPILE_EVENT or "backend_compile" in event:
             name = str(kw.get("fun_name", ""))
             for fn in ("_prefill", "_start", "_decode_chunk", "_split_params"):
                 if fn in name:
