@@ -76,3 +76,22 @@ def test_abort_cancels_running_episodes_and_stop_lets_them_finish(tokenizer, san
     assert not thread2.is_alive()
     assert out2["episodes_aborted"] == 0 and out2["episodes"] >= 1
     assert len(sink2.episodes) == out2["episodes"] and all(e.status == "finished" for e in sink2.episodes)
+
+
+def test_cli_signals_stop_then_abort():
+    import os
+    import signal
+
+    from actors.cli import _stop_on_signals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop, abort = _stop_on_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait(stop.is_set, "stop after the first signal", 10)
+        assert not abort.is_set()
+        os.kill(os.getpid(), signal.SIGINT)
+        _wait(abort.is_set, "abort after the second signal", 10)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
