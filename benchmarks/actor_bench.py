@@ -374,8 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     note = Progress(args.out / "actor_bench.json", results, t_start)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # a killed run says where it was
 
+    finished_ok = threading.Event()  # the final JSON is written: the watchdog only ends a slow shutdown
+
     def watchdog() -> None:
         time.sleep(max(0.0, total_budget - note.now()))
+        if finished_ok.is_set():
+            print(f"[{note.now():7.1f} s] total budget reached during the node's shutdown; the JSON is complete; "
+                  "exiting 0", flush=True)
+            os._exit(0)
         results["cut"] = f"total budget {total_budget:.0f} s reached"
         note(f"{results['cut']}: thread stacks on stderr; the JSON holds what finished; exiting 3")
         faulthandler.dump_traceback(all_threads=True)
@@ -594,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         results["compiles"] = compiles.summary()
         note(f"measured phase done: {len(eps)} episodes finished, {results['measured']['episodes_aborted']} cut by the "
              f"budget, {whole['turns']} turns in {whole['wall_s']:.0f} s", final=True)
+        finished_ok.set()
     finally:
         client.close()
     _table(results, args)
