@@ -2,8 +2,11 @@
 torch.utils.cpp_extension -> Python extension module (extension, workspace layout).
 
 - Compilers run confined like the candidate (sandbox.jail: read-only root, no network, sandbox uid) with the
-  workspace as their only writable folder, so a hostile `#include "/etc/shadow"` or a compiler plugin gains
-  nothing.
+  workspace as their only writable folder. The same folders are hidden as for the candidate: the repository
+  except its `sandbox` package, the build cache, the load_inline caches, other workspaces and the host's scratch
+  and home folders. The workspace's reference copy is concealed. The environment is a minimal one
+  (`build_env`). A hostile `#include "/etc/shadow"`, an `.incbin` of a pristine reference or of
+  /proc/self/environ, or a compiler plugin therefore gains nothing.
 - Build cache: keyed by sha256 over format, source files, flags, target architecture and toolchain versions.
   Entries live under `<cache_dir>/builds/<key>/` (root-owned, mode 0700: candidates cannot read or poison them);
   a hit copies the artefacts into the workspace's `.build/`. Failed builds are cached too (same sources, same
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.config import SandboxConfig
-from sandbox.jail import JailSpec, command_prefix, default_expose
+from sandbox.jail import DEFAULT_HIDE, PASSED_ENV, JailSpec, candidate_expose, command_prefix, toolkit_dirs, trusted_roots
 from sandbox.result import Violation
 from sandbox.signature import SignatureError, parse_entry_points
 from sandbox.static_check import check_instructions, check_symbols
@@ -151,8 +154,7 @@ class _Runner:
         self.ws = ws
         self.jail = jail
         self.deadline = time.monotonic() + timeout_s
-        self.env = dict(os.environ, HOME=str(ws.path), TMPDIR=str(ws.path / ".tmp"),
-                        PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.env = build_env(ws)
 
     def run(self, argv: list[str]) -> tuple[int, str]:
         """(returncode, combined output); returncode -9 and a note on timeout."""
@@ -175,6 +177,17 @@ class _Runner:
             out, _ = p.communicate()
             return -9, (out or "") + "\nbuild time limit reached"
         return p.returncode, out or ""
+
+
+def build_env(ws: Workspace) -> dict[str, str]:
+    """The compilers' environment: PATH, the workspace as HOME and (its .tmp) TMPDIR, the PYTHONPATH the jail's
+    entry and extension builds import from, and sandbox.jail.PASSED_ENV; nothing else of the trusted side's."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(ws.path), "TMPDIR": str(ws.path / ".tmp"),
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                            if p]),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
+    return env
 
 
 def _store(cache_root: Path, key: str, build_dir: Path, record: dict[str, Any]) -> None:
@@ -395,9 +408,12 @@ def build_dir_for_dev(src_dir: Path, fmt: str) -> str:
 
 
 def jail_for_build(ws: Workspace, cfg: SandboxConfig) -> JailSpec:
-    """The confinement used for compiler processes of one workspace."""
-    return JailSpec(workspace=str(ws.path), readonly=[str(ws.model_py)], uid=cfg.sandbox_uid if ws.owner_uid > 0 else -1,
-                    expose=default_expose() + _compiler_paths(cfg),
+    """The confinement used for compiler processes of one workspace: the candidate's (reference_worker.candidate_jail)
+    but for the compilers' folders and rlimits (see module doc)."""
+    return JailSpec(workspace=str(ws.path), uid=cfg.sandbox_uid if ws.owner_uid > 0 else -1,
+                    expose=candidate_expose() + toolkit_dirs() + _compiler_paths(cfg),
+                    hide=list(DEFAULT_HIDE) + trusted_roots(cfg.cache_dir, str(cfg.workspaces_dir)),
+                    conceal=[str(ws.model_py)],
                     rlimits={"fsize_bytes": 1 << 30, "nofile": cfg.rlimit_nofile})
 
 

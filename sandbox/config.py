@@ -111,6 +111,14 @@ class SandboxConfig:
     """Untimed calls of each implementation before timing."""
     reps: int = 20
     """Interleaved repetitions (eager, compile, candidate in rotating order) per evaluation."""
+    early_stop_reps: int = 8
+    """Profile: from this many repetitions on, the profile ends as soon as the milestone is settled: the
+    early_stop_level intervals of the speed-ups (the candidate's samples charged as at the end) lie clear of every
+    threshold that decides the level (sandbox.stats.milestone_settled). The one full check of the timed outputs
+    falls in a random one of these first repetitions. 0 = always run `reps`."""
+    early_stop_level: float = 0.99
+    """Profile: the confidence level of the intervals that may end a profile early (above ci_level: a level the
+    early look settles stays the same on the final ci_level intervals)."""
     min_rep_ms: float = 2.0
     """Calls per repetition are chosen so that one repetition of eager lasts at least this long."""
     max_calls_per_rep: int = 1000
@@ -223,6 +231,10 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.ci_level must be in [0.5, 1), got {self.ci_level}")
         if not (self.faster_than_eager > 0 and self.faster_than_compile > 0 and self.top_margin > 0):
             raise ValueError("SandboxConfig milestone thresholds must be > 0")
+        if self.early_stop_reps < 0:
+            raise ValueError(f"SandboxConfig.early_stop_reps must be >= 0 (0 = always run reps), got {self.early_stop_reps}")
+        if not self.ci_level <= self.early_stop_level < 1:
+            raise ValueError(f"SandboxConfig.early_stop_level must be in [ci_level, 1), got {self.early_stop_level}")
         if self.min_rep_ms < 0:
             raise ValueError("SandboxConfig.min_rep_ms must be >= 0")
         if self.idle_cpu_limit_s < 0:

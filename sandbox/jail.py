@@ -57,6 +57,17 @@ PR_CAPBSET_DROP = 24
 
 _SKIP_REMOUNT = ("/proc", "/dev", "/sys")
 DEFAULT_HIDE = ("/tmp", "/var/tmp", "/home", "/root", "/work", "/mnt", "/media", "/srv")
+PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "LANG")
+"""The trusted side's environment variables that confined processes (candidate workers, compilers) inherit: which
+devices, where the CUDA toolkit and driver libraries are, the locale. Nothing else of it passes: tokens, keys and
+the trusted side's paths stay out (a build could embed /proc/self/environ, e.g. with `.incbin`)."""
+
+
+def toolkit_dirs() -> list[str]:
+    """The existing folders named by LD_LIBRARY_PATH, CUDA_HOME and CUDA_PATH: confined processes load the toolkit
+    and driver from them, so they stay visible under hidden roots."""
+    return sorted({d for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
+                   for d in os.environ.get(k, "").split(os.pathsep) if d and os.path.isdir(d)})
 
 
 class JailError(RuntimeError):
@@ -372,6 +383,13 @@ def private_roots(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     an installed site-packages folder) is left whole by `_hide`."""
     repo = os.path.realpath(str(Path(__file__).resolve().parent.parent))
     return [repo] + [os.path.realpath(p) for p in extra if p]
+
+
+def trusted_roots(cache_dir: str, workspaces_dir: str) -> list[str]:
+    """What every confined process of the sandbox hides, besides DEFAULT_HIDE: `private_roots` of the build cache
+    (cache_dir), the load_inline caches beside it and the workspaces' root (other jobs' workspaces)."""
+    cache = Path(cache_dir)
+    return private_roots([str(cache), str(cache.parent / "sandbox-inline"), str(workspaces_dir)])
 
 
 _probe_cache: dict[tuple[int, str], tuple[bool, str]] = {}

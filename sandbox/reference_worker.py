@@ -39,7 +39,8 @@ One evaluation (`run_job`):
    request, less the calibrated costs (sandbox.timing.trusted_estimate, agrees_with_estimate, and the median
    slack); every timed call's outputs (copied by the candidate's harness right after the call) are checked at
    positions chosen after the calls, and one call's in full, against eager's outputs on the same inputs; then
-   speed-ups, intervals and the milestone (sandbox.stats);
+   speed-ups, intervals and the milestone (sandbox.stats). From `early_stop_reps` repetitions on, the profile ends
+   once the milestone is settled (its `early_stop_level` intervals clear every threshold that decides it);
 4. kill the candidate's process tree, whatever happened.
 
 What the trusted side gives the candidate, and when: input tensors and weights, never a seed, a reference output
@@ -77,10 +78,11 @@ import torch
 from sandbox import shm as shm_mod
 from sandbox import wire
 from sandbox.config import SandboxConfig, gate_allowance_ms
-from sandbox.jail import DEFAULT_HIDE, JailSpec, candidate_expose, command_prefix, private_roots, set_rlimits
+from sandbox.jail import (DEFAULT_HIDE, PASSED_ENV, JailSpec, candidate_expose, command_prefix, set_rlimits,
+                          toolkit_dirs, trusted_roots)
 from sandbox.result import Status, TimingStats, TrialResult, Violation
-from sandbox.stats import bootstrap_speedup, distribution, milestone
-from sandbox.timing import Timer, agrees_with_estimate, floor_by_estimate, l2_flush_buffer, trusted_estimate
+from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_settled
+from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
 from sandbox.timing_gate import gate_cubin, load_gate
 
@@ -226,9 +228,7 @@ def _worker_env(cfg: SandboxConfig) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0",
     }
-    for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "LANG"):
-        if k in os.environ:
-            env[k] = os.environ[k]
+    env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
     return env
 
 
@@ -557,15 +557,11 @@ def _rlimits(cfg: SandboxConfig, device: str) -> dict[str, int]:
 
 def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writable: list[str],
                    uid: int) -> JailSpec:
-    # the folders the environment points the candidate's libraries at stay visible under the hidden roots
-    env_dirs = [d for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH") for d in os.environ.get(k, "").split(os.pathsep)
-                if d and os.path.isdir(d)]
     # the trusted side's folders are hidden and the workspace's reference copy concealed (sandbox.jail): native
     # code of the solution, which the in-process monitor cannot see, opens none of them
-    cache = Path(cfg.cache_dir)
-    private = private_roots([str(cache), str(cache.parent / "sandbox-inline"), str(cfg.workspaces_dir)])
+    private = trusted_roots(cfg.cache_dir, str(cfg.workspaces_dir))
     return JailSpec(workspace=ws, readonly=[], writable=writable, uid=uid,
-                    expose=candidate_expose() + sorted(set(env_dirs)), rlimits=_rlimits(cfg, device),
+                    expose=candidate_expose() + toolkit_dirs(), rlimits=_rlimits(cfg, device),
                     hide=list(DEFAULT_HIDE) + private, conceal=[model_py])
 
 
@@ -1182,12 +1178,18 @@ def _tensor_list(v: Any) -> list:
 
 
 def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
-               rounds: int = 3, pings: int = 5) -> tuple[float, float]:
-    """(round trip of an empty request in ms, the harness's own cost per timed call in ms), measured before the
-    solution is imported, while only trusted code runs in the candidate's process: pings, then `calibrate`
-    requests that go through the time request's path (input sets of the task's shapes, a no-op for forward that
-    returns tensors of the reference's output shapes, the copies and checks after each call). Never measured again
-    afterwards: the solution's process could delay its answers at will (sandbox.timing)."""
+               rounds: int = 3, pings: int = 5) -> tuple[float, float, float]:
+    """(round trip of an empty request in ms, the harness's fixed cost per time request in ms, its cost per timed
+    call in ms), measured before the solution is imported, while only trusted code runs in the candidate's process:
+    pings, then `calibrate` requests that go through the time request's path (input sets of the task's shapes, a
+    no-op for forward that returns tensors of the reference's output shapes, the copies and checks after each call).
+
+    Requests of 1 call and of `calls` calls alternate, `rounds` of each. The fixed and the per-call costs are
+    separated by the two sizes: cost(n) = fixed + n * per_call, medians of each size. A profile whose repetitions
+    time a number of calls other than the calibration's then gets the right estimate. One size alone would spread
+    the fixed cost over its n calls: with 4 calls calibrated and 16 timed, the estimate would come out 3 x fixed too
+    low, which is time a solution could hide outside its clock. The costs are never measured again: the solution's
+    process could delay its answers at will (sandbox.timing)."""
     rtt = math.inf
     for _ in range(pings):
         tp = time.perf_counter()
@@ -1195,22 +1197,25 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
         rtt = min(rtt, (time.perf_counter() - tp) * 1e3)
     zeros = [torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for t in x_cpu]
     outs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in _tensor_list(ref_out)]
-    n = max(1, calls)
-    ovhs = []
+    big = max(2, calls)
+    costs: dict[int, list[float]] = {1: [], big: []}
     for _ in range(rounds):
-        rec = cand.encode_inputs([zeros] * n, io)
-        tw = time.perf_counter()
-        reply = _run(cand, {"op": "calibrate", "input_sets": rec, "outputs": outs}, 30.0, "calibration")
-        wall = (time.perf_counter() - tw) * 1e3
-        _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
-        loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
-        ovhs.append(max(0.0, wall - rtt - loop - prep) / n)
-    return rtt, sorted(ovhs)[len(ovhs) // 2]
+        for n in (1, big):
+            rec = cand.encode_inputs([zeros] * n, io)
+            tw = time.perf_counter()
+            reply = _run(cand, {"op": "calibrate", "input_sets": rec, "outputs": outs}, 30.0, "calibration")
+            wall = (time.perf_counter() - tw) * 1e3
+            _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
+            loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
+            costs[n].append(max(0.0, wall - rtt - loop - prep))
+    one, many = (sorted(v)[len(v) // 2] for v in (costs[1], costs[big]))
+    per_call = max(0.0, (many - one) / (big - 1))
+    return rtt, max(0.0, one - per_call), per_call
 
 
 def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,
              cuda: bool, device: str, atol: float, rtol: float, out: dict, io: str, fmt: str,
-             prec: dict, calib: tuple[float, float]) -> TimingStats:
+             prec: dict, calib: tuple[float, float, float]) -> TimingStats:
     """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
     doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds (made ahead
     by the Prefetch thread, which is held idle around every timed region, or here), the same for the three; the candidate
@@ -1243,7 +1248,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
 
     # the round trip and the harness's own cost per call, measured before any solution code existed (_calibrate):
     # pings the solution's process answers now could be delayed at will
-    rtt, ovh = calib
+    rtt, fixed, ovh = calib
     if cuda:
         idx = torch.device(device).index or 0
         r = _nvml(idx)
@@ -1268,6 +1273,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
     disagreements = 0
+    charged: list[bool] = []  # per candidate repetition: its sample already carries its whole shortfall
     cand_gated = 0
     cand_side = 0
     cand_host: list[float] = []
@@ -1275,6 +1281,24 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     shortfalls: list[float] = []
     ests: list[float] = []
     full_done = False
+    early = cfg.early_stop_reps if 0 < cfg.early_stop_reps < cfg.reps else 0
+    # with early stopping, the full check falls in a random one of the first `early` repetitions (one may end there)
+    first_full = rng.randrange(early) if early else -1
+    stopped_at = 0
+
+    def charged_candidate() -> tuple[list[float], float, float]:
+        loops = [e - sh for e, sh in zip(ests, shortfalls)]
+        return charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms, cfg.timing_slack_rel,
+                                charged)
+
+    def settled() -> bool:
+        """The milestone on the repetitions so far, at early_stop_level, cannot change (stats.milestone_settled)."""
+        cs, med, limit = charged_candidate()
+        cand_ms = cs if med > limit else samples["candidate"]
+        lvl, n = cfg.early_stop_level, cfg.bootstrap_samples
+        se = bootstrap_speedup(samples["eager"], cand_ms, n, lvl)
+        sc = bootstrap_speedup(samples["compiled"], cand_ms, n, lvl) if compiled is not None else None
+        return milestone_settled(se, sc, cfg.faster_than_eager, cfg.faster_than_compile, cfg.top_margin)
 
     def rep_sets(r: int) -> list:
         made, plan.reps[r] = plan.reps[r], []  # each set is used by one repetition, then freed
@@ -1324,22 +1348,40 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 if not (loop > 0 and math.isfinite(loop) and ev > 0 and math.isfinite(ev)):
                     raise StageFailure(Status.RUNTIME_ERROR, f"profile: the candidate reported a bad time {loop!r}")
                 ms = ev / calls
-                est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms)
+                est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms, fixed)
                 ests.append(est)
                 ratios.append(loop / max(est, 1e-6))
                 shortfalls.append(est - loop)
-                if not agrees_with_estimate(loop, wall, est, rtt):
-                    disagreements += 1
+                full_charge = True
+                if loop > wall + 0.5:  # more in-process time than the wall clock around it: not believed
                     ms = max(est, loop) / calls
+                elif not agrees_with_estimate(loop, wall, est, rtt):  # a gross shortfall: charged in full
+                    ms = (ev + max(est - loop, 0.0)) / calls
                 elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg, fmt)):
-                    disagreements += 1
                     ms = loop / calls
+                else:
+                    full_charge = False
+                disagreements += full_charge
+                charged.append(full_charge)
                 samples[im].append(ms)
-        full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
+        if early:
+            full = r == first_full or rng.random() < max(cfg.full_checks - 1.0, 0.0) / cfg.reps
+        else:
+            full = rng.random() < cfg.full_checks / cfg.reps or (r == cfg.reps - 1 and not full_done)
         full_done = full_done or full
         _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         scrub_device(ref_outs)
         del sets, sets_dev, ref_outs
+        if early and r + 1 >= early and r + 1 < cfg.reps and full_done and settled():
+            stopped_at = r + 1
+            break
+    if stopped_at:
+        for made in plan.reps[stopped_at:]:  # sets made ahead for repetitions that will not run: dropped
+            for f in made:
+                f.cancel()
+        plan.reps[stopped_at:] = [[] for _ in plan.reps[stopped_at:]]
+        out["log"].append(f"profile: the milestone was settled after {stopped_at} of {cfg.reps} repetitions (its "
+                          f"{cfg.early_stop_level:.0%} intervals clear every threshold); the rest were not run")
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
     med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
     if med_ratio < 0.1 and med_short > 2.0:
@@ -1359,18 +1401,17 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                           "it (its gate did not load, or expired: a call that synchronises the device); its times "
                           "include the host's time to enqueue each call")
     if disagreements:
-        out["log"].append(f"profile: {disagreements} of {cfg.reps} candidate repetitions disagreed with the trusted "
-                          "wall clock; the wall clock (less the request round trip) was used for those")
-    # systematically less than the trusted wall clock allows: no repetition counts for less than it, less the slack
-    # (a liar gains at most the slack; an honest figure is replaced only where it is that far short)
-    loops = [e - sh for e, sh in zip(ests, shortfalls)]
-    floored, med_short, limit = floor_by_estimate(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms,
-                                                  cfg.timing_slack_rel)
+        out["log"].append(f"profile: {disagreements} of {len(samples['candidate'])} candidate repetitions disagreed with the trusted "
+                          "wall clock; their figures were replaced (a shortfall against the trusted estimate charged "
+                          "in full, or the wall clock used)")
+    # systematically less than the trusted wall clock allows: each repetition is charged its shortfall beyond the
+    # slack (a liar gains at most the slack; an honest figure changes only where it is that far short)
+    floored, med_short, limit = charged_candidate()
     if med_short > limit:
         samples["candidate"] = floored
         out["log"].append(f"profile: the candidate's in-process timings fell short of the trusted wall clock by a "
-                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition counts "
-                          "for at least the wall clock, less the round trip, the harness's own cost and the slack")
+                          f"median {med_short:.2f} ms per repetition (slack {limit:.2f} ms); each repetition is "
+                          "charged its shortfall beyond the slack")
     if cuda:
         r = _nvml(torch.device(device).index or 0)
         if r:

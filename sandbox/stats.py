@@ -57,6 +57,24 @@ def bootstrap_speedup(baseline_ms: Sequence[float], candidate_ms: Sequence[float
     return SpeedUp(point=point, lo=float(lo), hi=float(hi), level=level)
 
 
+def milestone_settled(speedup_eager: SpeedUp, speedup_compile: SpeedUp | None, faster_than_eager: float = 1.0,
+                      faster_than_compile: float = 1.0, top_margin: float = 1.05) -> bool:
+    """Whether `milestone` would give the same level for any lower bound within these intervals: every threshold
+    that decides the level lies outside its interval. Used with wider intervals than the reward's
+    (SandboxConfig.early_stop_level) to end a profile early, so that optional stopping costs little: a level is
+    given only on the final intervals at SandboxConfig.ci_level, which the wider ones contain."""
+    e, c = speedup_eager, speedup_compile
+    if e.hi < faster_than_eager:
+        return True  # 0: not faster than eager
+    if not e.lo > faster_than_eager:
+        return False
+    if c is None or c.hi < faster_than_compile:
+        return True  # 1
+    if not c.lo > faster_than_compile:
+        return False
+    return (e.lo >= top_margin and c.lo >= top_margin) or e.hi < top_margin or c.hi < top_margin  # 3, or 2
+
+
 def milestone(speedup_eager: SpeedUp, speedup_compile: SpeedUp | None, faster_than_eager: float = 1.0,
               faster_than_compile: float = 1.0, top_margin: float = 1.05) -> tuple[int, str]:
     """Milestone level (0-3) of a correct solution and a sentence that says why (see module doc)."""

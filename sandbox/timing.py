@@ -4,15 +4,17 @@ What is trusted, and why:
 - The trusted worker's own clock (`time.perf_counter` in the trusted process) is the only clock the candidate
   cannot touch. The trusted side measures wall-clock time around every candidate repetition (one `time` request,
   which carries the repetition's input sets: the child synchronises the device and copies the outputs before it
-  answers) and accepts the candidate's in-process figure only when it agrees with that wall clock (`agree`);
-  otherwise the wall clock, less the measured round-trip of an empty request, is used and the disagreement is
-  logged (and, when gross, reported as a violation).
+  answers) and accepts the candidate's in-process figure only when it agrees with that wall clock
+  (`agrees_with_estimate`). Otherwise the repetition is charged its whole shortfall against the trusted estimate.
+  A figure above the raw wall clock is replaced by the wall clock. The disagreement is logged, and when gross it is
+  reported as a violation.
 - The round trip and the harness's own cost per timed call (unpacking, the checks and the output copies after
   each call) are measured before the solution is imported (`calibrate` requests, pings), never from requests the
   solution's process answers later (it could delay them at will and inflate what is subtracted). From them,
   `trusted_estimate` is the trusted side's own figure for a repetition; when the in-process figures fall short of
-  it by more than SandboxConfig.timing_slack_ms + timing_slack_rel in the median repetition, no repetition counts
-  for less than the estimate less that slack: a candidate that under-reports gains at most the slack.
+  it by more than SandboxConfig.timing_slack_ms + timing_slack_rel in the median repetition, every repetition is
+  charged its shortfall beyond that slack (`charge_shortfall`): a candidate that under-reports gains at most the
+  slack.
 - In the candidate's process, device events have to be recorded in its own CUDA context, so a `Timer` is built
   there before the solution is imported: it captures the clock, the synchronisation and event functions it will
   use (the objects themselves, so a later monkeypatch of `torch.cuda.synchronize` or `time.perf_counter` does not
@@ -316,11 +318,12 @@ def gated_figure(event_ms: float, release_to_sync_ms: float, host_ms: float, lat
 
 
 def trusted_estimate(wall_ms: float, rtt_ms: float, overhead_ms: float, calls: int, prep_ms: Any,
-                     trusted_prep_ms: float) -> float:
+                     trusted_prep_ms: float, fixed_ms: float = 0.0) -> float:
     """The trusted side's own figure (ms) for one repetition of `calls` timed calls: its wall clock around the time
-    request, less the round trip and `calls` times the harness's per-call cost (both measured before the solution
-    was imported), less the candidate harness's report of unpacking the request's inputs (prep_ms), which counts for
-    at most 3x what packing them took on the trusted side (trusted_prep_ms) plus 0.5 ms."""
+    request, less the round trip, the harness's fixed cost per request (fixed_ms) and `calls` times its per-call
+    cost (overhead_ms; all three measured before the solution was imported, reference_worker._calibrate), less the
+    candidate harness's report of unpacking the request's inputs (prep_ms), which counts for at most 3x what packing
+    them took on the trusted side (trusted_prep_ms) plus 0.5 ms."""
     try:
         prep = float(prep_ms)
     except (TypeError, ValueError):
@@ -328,7 +331,7 @@ def trusted_estimate(wall_ms: float, rtt_ms: float, overhead_ms: float, calls: i
     if not (prep >= 0.0 and prep < float("inf")):
         prep = 0.0
     prep = min(prep, 3.0 * max(trusted_prep_ms, 0.0) + 0.5)
-    return max(wall_ms - rtt_ms - prep - calls * overhead_ms, 0.0)
+    return max(wall_ms - rtt_ms - max(fixed_ms, 0.0) - prep - calls * overhead_ms, 0.0)
 
 
 def agree(in_process_ms: float, wall_ms: float, rtt_ms: float) -> bool:
@@ -352,17 +355,33 @@ def agrees_with_estimate(in_process_ms: float, wall_ms: float, estimate_ms: floa
     return in_process_ms >= 0.5 * (estimate_ms - 3.0 * rtt_ms) - 1.0
 
 
-def floor_by_estimate(samples_ms: list[float], estimates_ms: list[float], in_process_ms: list[float], calls: int,
-                      slack_ms: float, slack_rel: float) -> tuple[list[float], float, float]:
+def charge_shortfall(samples_ms: list[float], estimates_ms: list[float], in_process_ms: list[float], calls: int,
+                      slack_ms: float, slack_rel: float,
+                      charged: Sequence[bool] | None = None) -> tuple[list[float], float, float]:
     """The median-repetition rule (module doc). samples_ms: the candidate's per-call times, one per repetition;
-    estimates_ms / in_process_ms: trusted_estimate and the in-process figure of each repetition (ms for `calls`
-    calls). Returns (per-call times to use, median shortfall in ms, the slack in ms): when the median repetition's
-    in-process figure falls short of its estimate by more than slack_ms + slack_rel * the median estimate, every
-    repetition counts for at least (estimate - slack) / calls; otherwise samples_ms unchanged."""
+    estimates_ms / in_process_ms: trusted_estimate and the in-process wall clock of each repetition (ms for `calls`
+    calls). Returns (per-call times to use, median shortfall in ms, the slack in ms).
+
+    When the median repetition's in-process figure falls short of its estimate by more than the slack (slack_ms +
+    slack_rel * the median estimate), each repetition is charged what its own shortfall exceeds the slack by:
+    sample + max(0, estimate - in_process - slack) / calls. Otherwise samples_ms is returned unchanged. charged:
+    per repetition, whether its sample already carries its whole shortfall (a disagreement, reference_worker's
+    profile). Such a repetition counts towards the median but is not charged twice.
+
+    The rule adds the shortfall; it does not floor a sample at the wall clock. That matters when the sample is far
+    below the in-process wall clock. A gated CUDA figure is such a sample: it leaves out the host's time to enqueue
+    and synchronise each call, a few hundred microseconds, and a kernel may run for tens. Flooring it at
+    (estimate - slack) / calls would charge an honest solution that host time whenever noise pushed the median
+    shortfall past the slack, 10-25x its figure. An ungated sample is about in_process / calls, so both rules give
+    about (estimate - slack) / calls. Either way, work hidden outside the in-process clock is charged in full less
+    the slack, so a liar gains at most the slack."""
     short = sorted(e - f for e, f in zip(estimates_ms, in_process_ms))
     med = short[len(short) // 2] if short else 0.0
     ests = sorted(estimates_ms)
     limit = slack_ms + slack_rel * (ests[len(ests) // 2] if ests else 0.0)
     if med <= limit:
         return list(samples_ms), med, limit
-    return [max(ms, (e - limit) / max(calls, 1)) for ms, e in zip(samples_ms, estimates_ms)], med, limit
+    n = max(calls, 1)
+    done = list(charged) if charged is not None else [False] * len(samples_ms)
+    return [ms if c else ms + max(0.0, e - f - limit) / n
+            for ms, e, f, c in zip(samples_ms, estimates_ms, in_process_ms, done)], med, limit

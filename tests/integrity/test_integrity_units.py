@@ -9,7 +9,7 @@ import torch
 
 from sandbox.evaluator import shape_variants
 from sandbox.integrity import Monitor, StateSnapshot
-from sandbox.timing import Timer, agree, agrees_with_estimate, floor_by_estimate, trusted_estimate
+from sandbox.timing import Timer, agree, agrees_with_estimate, charge_shortfall, trusted_estimate
 from sandbox.verify import precision_shortfall
 
 
@@ -35,11 +35,37 @@ def test_estimate_band_and_median_floor():
     assert not agrees_with_estimate(1.0, 10.0, 9.2, 0.1)  # a fraction of the estimate
     est = [10.0] * 7
     honest = [9.9, 9.8, 9.95, 6.0, 9.9, 9.85, 9.9]  # one repetition the host stole time from
-    s, med, limit = floor_by_estimate([f / 2 for f in honest], est, honest, 2, 0.25, 0.03)
+    s, med, limit = charge_shortfall([f / 2 for f in honest], est, honest, 2, 0.25, 0.03)
     assert s == [f / 2 for f in honest] and med <= limit  # believed as it is
     liar = [f * 0.6 for f in honest]  # 40% under-reported in every repetition
-    s, med, limit = floor_by_estimate([f / 2 for f in liar], est, liar, 2, 0.25, 0.03)
+    s, med, limit = charge_shortfall([f / 2 for f in liar], est, liar, 2, 0.25, 0.03)
     assert med > limit and all(x >= (10.0 - limit) / 2 - 1e-9 for x in s)  # gains at most the slack
+
+
+def test_shortfall_is_charged_not_floored_at_the_wall_clock():
+    """A gated sample (20 us per call) far below its in-process wall clock (0.5 ms per call): noise that pushes the
+    median shortfall just past the slack adds only the excess, it does not raise the sample to the wall clock; a
+    liar that hides 1 ms per repetition outside its clock is charged all of it but the slack; a repetition already
+    charged in full (a disagreement) is not charged twice."""
+    calls, est = 4, [2.4] * 7
+    loops = [2.0] * 7  # 0.4 ms short of the estimate in every repetition
+    gated = [0.02] * 7
+    noisy, med, limit = charge_shortfall(gated, est, loops, calls, 0.25, 0.03)
+    assert med == pytest.approx(0.4) and med > limit
+    assert all(x == pytest.approx(0.02 + (0.4 - limit) / calls) for x in noisy)
+    assert max(noisy) < 0.05  # the wall clock per call would be about 0.52 ms: 26x the honest figure
+    hidden = [1.0 + 0.4] * 7  # a liar's shortfall: 1 ms of work hidden outside its clock, plus the same noise
+    s, med, limit = charge_shortfall(gated, est, [e - h for e, h in zip(est, hidden)], calls, 0.25, 0.03)
+    assert all(x * calls >= 0.02 * calls + 1.4 - limit - 1e-9 for x in s)  # gains at most the slack
+    done = [True] + [False] * 6
+    s2, _, _ = charge_shortfall(gated, est, loops, calls, 0.25, 0.03, done)
+    assert s2[0] == 0.02 and s2[1:] == noisy[1:]
+
+
+def test_trusted_estimate_subtracts_the_fixed_cost_once_per_request():
+    assert trusted_estimate(20.0, 0.3, 0.1, 16, 0.0, 1.0, fixed_ms=1.5) == pytest.approx(20.0 - 0.3 - 1.5 - 1.6)
+    assert trusted_estimate(20.0, 0.3, 0.1, 1, 0.0, 1.0, fixed_ms=1.5) == pytest.approx(20.0 - 0.3 - 1.5 - 0.1)
+    assert trusted_estimate(20.0, 0.3, 0.1, 1, 0.0, 1.0, fixed_ms=-5.0) == pytest.approx(20.0 - 0.3 - 0.1)
 
 
 def test_timer_reports_a_replaced_clock_and_its_code():

@@ -110,3 +110,48 @@ def test_cubin_rejects_torch_headers_statically():
 
     v = check_kernel_sources({"kernels/a.cu": "#include <ATen/ATen.h>\n" + CU_SRC}, "cubin")
     assert v and "ATen" in v[0].detail
+
+
+def _incbin_src(path: str) -> str:
+    """A cpu kernel whose library embeds the bytes of `path` (the assembler's .incbin reads it at build time)."""
+    return CPU_SRC + ('__asm__(".section .rodata\\n.Lblob:\\n.incbin \\"%s\\"\\n.byte 0\\n.previous\\n");\n' % path)
+
+
+@pytest.mark.skipif(not probe(65534)[0], reason="namespace isolation unavailable (needs root and unshare)")
+def test_confined_build_sees_no_trusted_file_and_no_trusted_environment(tmp_path, monkeypatch):
+    """A build that embeds files with .incbin: the workspace's reference copy cannot be read (concealed), a file of
+    the repository outside sandbox/ does not exist; each against the same build unconfined, where the file is
+    read. The compilers' environment holds none of the trusted side's variables."""
+    from sandbox.build import REPO_ROOT
+
+    secret = "cuda-agent-test-secret-5c1e"
+    monkeypatch.setenv("CUDA_AGENT_TEST_SECRET", secret)
+    marker = "REFERENCE_MARKER_9d2f"
+
+    def built(files, confined: bool, sub: str):
+        cfg = SandboxConfig(cache_dir=str(tmp_path / sub / "cache"))  # a cache per build: the same sources each time
+        ws = Workspace.create(tmp_path / sub, f"# {marker}\n", {"model_new.py": "", **files}, "cpu",
+                              owner_uid=65534 if confined else -1)
+        r = build(ws, "cpu", cfg, jail_for_build(ws, cfg) if confined else None)
+        so = (ws.build_dir / json.loads(open(r.manifest_path).read())["artifacts"][0]["file"]).read_bytes() \
+            if r.ok else b""
+        return r, so
+
+    ref_src = _incbin_src("model.py")  # the compilers run in the workspace
+    r, so = built({"kernels/k.cpp": ref_src}, False, "open")
+    assert r.ok and marker.encode() in so, r.log  # control: unconfined, the reference copy is read
+    r, so = built({"kernels/k.cpp": ref_src}, True, "jailed")
+    assert marker.encode() not in so and (r.ok or "model.py" in r.log), r.log  # concealed: mode 000, empty
+
+    repo_file = str(REPO_ROOT / "pyproject.toml")
+    r, so = built({"kernels/k.cpp": _incbin_src(repo_file)}, False, "open2")
+    assert r.ok and b"[project]" in so, r.log
+    r, _ = built({"kernels/k.cpp": _incbin_src(repo_file)}, True, "jailed2")
+    assert not r.ok and r.status == "compile_error" and "pyproject.toml" in r.log, r.log
+
+    # the compilers' environment (what /proc/self/environ would show a compiler that reads it: gcc 12's
+    # preprocessor and assembler read it as empty, a size-0 file)
+    from sandbox.build import build_env
+
+    env = build_env(Workspace.create(tmp_path / "env", "", {"model_new.py": ""}, "cpu"))
+    assert secret not in env.values() and "CUDA_AGENT_TEST_SECRET" not in env and env["PATH"]

@@ -49,3 +49,25 @@ def test_cpu_corpus_status_and_reward(cpu_evaluator, task, variant):
         assert "ran past" in res.message
     if variant == "wrong":
         assert res.trials and not res.trials[-1].ok and res.trials[-1].mismatched > 0
+
+
+def test_profile_ends_early_once_the_milestone_is_settled(tmp_path):
+    """A slow solution (>= 5x slower than eager) and the fused chain (>= 5x faster): 20 repetitions asked for, the
+    milestone settled at the 99% level after the first 8 or a few more; the same evaluation with early stopping
+    off runs all 20. The rewards are those of the full runs."""
+    from sandbox.config import SandboxConfig
+    from sandbox.evaluator import Evaluator
+
+    base = dict(backend="cpu", use_compile=False, reps=20, num_trials=2, cache_dir=str(tmp_path / "cache"),
+                work_root=str(tmp_path / "ws"))
+    cases = [("row_softmax", "slow", 0), ("elementwise_chain", "fast", 1)]
+    with Evaluator(SandboxConfig(**base)) as ev, Evaluator(SandboxConfig(**base, early_stop_reps=0)) as full:
+        for task, variant, reward in cases:
+            t, sol = load_task(CORPUS / task), load_solution(CORPUS / task / "cpu" / variant)
+            r = ev.evaluate(t, sol, "cpu")
+            assert r.status == "ok" and r.reward == reward, r.message
+            n = r.timing.candidate.reps
+            assert 8 <= n < 20 and r.timing.eager.reps == n, (n, r.log)
+            assert any(f"settled after {n} of 20" in line for line in r.log), r.log
+            r = full.evaluate(t, sol, "cpu")
+            assert r.status == "ok" and r.reward == reward and r.timing.candidate.reps == 20, r.message

@@ -77,3 +77,34 @@ def test_distribution_and_input_checks():
         bootstrap_speedup([1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
         bootstrap_speedup([1.0, 0.0], [1.0, 1.0])
+
+
+def test_milestone_settled_only_when_no_threshold_lies_inside_an_interval():
+    from sandbox.stats import milestone_settled
+
+    def s(lo, hi):
+        return SpeedUp(point=(lo + hi) / 2, lo=lo, hi=hi, level=0.99)
+
+    assert milestone_settled(s(0.5, 0.9), None)  # clearly slower than eager: 0 whatever compile does
+    assert milestone_settled(s(0.5, 0.9), s(2.0, 3.0))
+    assert not milestone_settled(s(0.9, 1.1), None)  # straddles faster_than_eager
+    assert milestone_settled(s(1.2, 1.4), None)  # 1, no compile baseline
+    assert milestone_settled(s(1.2, 1.4), s(0.5, 0.8))  # 1
+    assert not milestone_settled(s(1.2, 1.4), s(0.95, 1.02))  # 1 or 2
+    assert milestone_settled(s(1.2, 1.4), s(1.1, 1.3))  # 3
+    assert not milestone_settled(s(1.2, 1.4), s(1.01, 1.2))  # 2 or 3: top margin inside
+    assert milestone_settled(s(1.01, 1.04), s(1.2, 1.3))  # 2: eager's upper bound below the margin
+    # whenever settled, the level is the same for every pair of lower bounds within the intervals
+    grid = [0.5, 0.9, 0.99, 1.0, 1.01, 1.04, 1.05, 1.06, 1.2, 2.0]
+    for elo in grid:
+        for ehi in grid:
+            for c in [None] + [(a, b) for a in grid for b in grid if a <= b]:
+                if ehi < elo:
+                    continue
+                e = s(elo, ehi)
+                cs = s(*c) if c else None
+                if milestone_settled(e, cs):
+                    levels = {milestone(s(x, ehi), s(y, cs.hi) if cs else None)[0]
+                              for x in grid if elo <= x <= ehi
+                              for y in ([v for v in grid if cs.lo <= v <= cs.hi] if cs else [0.0])}
+                    assert len(levels) == 1, (elo, ehi, c, levels)
