@@ -178,7 +178,8 @@ class Actor:
                         break
                     await asyncio.sleep(0.05)  # waiting for weights, for a task, or for stop
                     continue
-                done, running = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                # woken at least every 0.1 s: an abort lands while the running episodes' sandbox jobs are in flight
+                done, running = await asyncio.wait(running, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
                 self.batcher.episodes = len(running)
         finally:
             for t in running:

@@ -35,7 +35,7 @@ def _wait(pred, what, timeout_s=120.0):
 def test_abort_cancels_running_episodes_and_stop_lets_them_finish(tokenizer, sandbox_client):
     # Each episode's first turn writes a kernel whose -O3 build takes seconds (a fresh variant per run, so the
     # node's result cache cannot answer it) and compiles it: abort lands while those jobs are in flight.
-    slow = f"// {uuid.uuid4().hex}\n" + slow_kernel(600)
+    slow = f"// {uuid.uuid4().hex}\n" + slow_kernel(1500)
     script = [write("kernels/fused_chain.c", slow) + "\n" + write("model_new.py", MODEL_NEW) + "\n" + call("compile"),
               call("finish")]
     policy = ScriptedPolicy(tokenizer, {"abort me": script})
