@@ -8,7 +8,9 @@ sandbox calls overlapping sampling, weights refreshed between episodes, finished
     WeightsRefresher (thread) ──> PolicyVersions: new episodes start on the newest version
 
 An episode that fails with a bug is logged and counted; the actor goes on. `stop` (a threading.Event, e.g.
-set by SIGTERM) stops starting episodes; the running ones finish.
+set by SIGTERM) stops starting episodes; the running ones finish. `abort` (a second SIGTERM, a hard time budget)
+ends the running episodes too, within about half a second: they are cancelled (counted as `episodes_aborted`,
+not handed to the sink), a sandbox job they had in flight is left to its node, and `run` returns.
 """
 
 from __future__ import annotations
@@ -135,9 +137,10 @@ class Actor:
         self._sink_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, tasks: Iterable[Task], max_episodes: int | None = None,
-                  stop: threading.Event | None = None) -> dict[str, Any]:
-        """Run episodes until the tasks run out, `max_episodes` have started and finished, or `stop` is set;
-        returns `summary()`. `tasks` may yield None for "nothing to run right now" (asked again shortly)."""
+                  stop: threading.Event | None = None, abort: threading.Event | None = None) -> dict[str, Any]:
+        """Run episodes until the tasks run out, `max_episodes` have started and finished, or `stop` is set (the
+        running episodes finish first), or `abort` is set (they are cancelled); returns `summary()`. `tasks` may
+        yield None for "nothing to run right now" (asked again shortly)."""
         loop = asyncio.get_running_loop()
         self._sink_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sink")
         self.batcher.reset()
@@ -150,6 +153,9 @@ class Actor:
         exhausted = False
         try:
             while True:
+                if abort is not None and abort.is_set():
+                    self.stats["episodes_aborted"] += len(running)
+                    break
                 while (len(running) < self.cfg.concurrent_episodes and not exhausted
                        and (max_episodes is None or started < max_episodes)
                        and not (stop is not None and stop.is_set())):
@@ -172,7 +178,8 @@ class Actor:
                         break
                     await asyncio.sleep(0.05)  # waiting for weights, for a task, or for stop
                     continue
-                done, running = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                # woken at least every 0.1 s: an abort lands while the running episodes' sandbox jobs are in flight
+                done, running = await asyncio.wait(running, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
                 self.batcher.episodes = len(running)
         finally:
             for t in running:
@@ -215,6 +222,7 @@ class Actor:
         n = len(self.rewards)
         return {"actor_id": self.actor_id, "episodes": self.stats["episodes"],
                 "episode_crashes": self.stats["episode_crashes"], "sink_errors": self.stats["sink_errors"],
+                "episodes_aborted": self.stats["episodes_aborted"],
                 "by_status": dict(self.by_status), "by_version": {str(k): v for k, v in self.by_version.items()},
                 "mean_reward": sum(self.rewards) / n if n else None, "batcher": dict(self.batcher.stats),
                 "sandbox_calls": dict(self.ctx.stages.calls), "time": self.clock.snapshot(),
@@ -222,9 +230,9 @@ class Actor:
 
 
 def run_actor(actor: Actor, tasks: Iterable[Task], max_episodes: int | None = None,
-              stop: threading.Event | None = None) -> dict[str, Any]:
+              stop: threading.Event | None = None, abort: threading.Event | None = None) -> dict[str, Any]:
     """`Actor.run` on a fresh event loop (blocking)."""
     t0 = time.monotonic()
-    out = asyncio.run(actor.run(tasks, max_episodes=max_episodes, stop=stop))
+    out = asyncio.run(actor.run(tasks, max_episodes=max_episodes, stop=stop, abort=abort))
     out["elapsed_s"] = time.monotonic() - t0
     return out

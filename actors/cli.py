@@ -55,20 +55,25 @@ def _config(config: Optional[Path], overrides: List[str]):
         raise typer.BadParameter(str(e)) from None
 
 
-def _stop_on_signals() -> threading.Event:
-    """SIGTERM / SIGINT set the returned event (finish the running episodes); a second one exits at once."""
-    stop = threading.Event()
+def _stop_on_signals() -> tuple[threading.Event, threading.Event]:
+    """(stop, abort): a first SIGTERM / SIGINT sets stop (finish the running episodes), a second sets abort (cancel
+    them; what finished is still flushed to the learner), a third exits at once."""
+    stop, abort = threading.Event(), threading.Event()
 
     def handler(signum: int, _frame: Any) -> None:
-        if stop.is_set():
-            console.print("[red]second signal: exiting now[/red]")
+        if abort.is_set():
+            console.print("[red]third signal: exiting now[/red]")
             os._exit(1)
-        console.print("stopping: no new episodes; finishing the running ones (signal again to exit now)")
+        if stop.is_set():
+            console.print("[red]second signal: cancelling the running episodes (signal again to exit now)[/red]")
+            abort.set()
+            return
+        console.print("stopping: no new episodes; finishing the running ones (signal again to cancel them)")
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    return stop
+    return stop, abort
 
 
 def _tokenizer(path: Optional[Path]):
@@ -183,9 +188,10 @@ def run_cmd(
     actor = Actor(cfg, ChatFormat(tok), stages, PolicyVersions(), TrajectorySink(outbox, actor_id), fmt, refresher)
     console.print(f"actor {actor_id}: {len(task_list)} tasks, format {fmt}, learner {cfg.trajectories_endpoint} / "
                   f"{cfg.weights_endpoint}, sandbox {cfg.sandbox_endpoints}")
-    stop = _stop_on_signals()
+    stop, abort = _stop_on_signals()
     try:
-        summary = run_actor(actor, cycle_tasks(task_list, cfg.seed), max_episodes=max_episodes, stop=stop)
+        summary = run_actor(actor, cycle_tasks(task_list, cfg.seed), max_episodes=max_episodes, stop=stop,
+                            abort=abort)
         if not outbox.flush(timeout_s=60.0):
             console.print(f"[yellow]{outbox.pending} trajectories not acknowledged by the learner at exit[/yellow]")
         summary["outbox"] = dict(outbox.stats)
@@ -263,7 +269,8 @@ def eval_cmd(
     try:
         fmt = resolve_format(cfg.agent.solution_format, stages)
         actor = Actor(cfg, chat, stages, PolicyVersions(policy), writer, fmt)
-        summary = run_actor(actor, repeat_tasks(task_list, samples), stop=_stop_on_signals())
+        stop, abort = _stop_on_signals()
+        summary = run_actor(actor, repeat_tasks(task_list, samples), stop=stop, abort=abort)
     finally:
         stages.client.close()
     summary["results"] = str(out)

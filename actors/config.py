@@ -176,7 +176,9 @@ class ActorConfig:
             _check(0 < self.sampler_memory_fraction <= 1, "ActorConfig.sampler_memory_fraction must be in (0, 1]")
 
     def sampler_config(self):
-        """The `actors.sampler.SamplerConfig` these fields describe (imports JAX)."""
+        """The `actors.sampler.SamplerConfig` these fields describe (imports JAX). The cache leaves room for a whole
+        turn (`agent.max_new_tokens_per_turn`) beyond the prompt bucket, so the sampler compiles one cache shape
+        per prompt bucket and batch bucket."""
         from actors.sampler import SamplerConfig
 
         return SamplerConfig(min_prompt_bucket=self.sampler_min_prompt_bucket,
@@ -184,7 +186,8 @@ class ActorConfig:
                              min_batch_bucket=self.sampler_min_batch_bucket,
                              decode_chunk_steps=self.sampler_decode_chunk_steps,
                              max_cache_len=self.max_cache_len or self.agent.max_context_tokens,
-                             memory_fraction=self.sampler_memory_fraction)
+                             memory_fraction=self.sampler_memory_fraction,
+                             cache_headroom=self.agent.max_new_tokens_per_turn)
 
     @property
     def sandbox_endpoint_list(self) -> list[str]:

@@ -11,7 +11,13 @@ Flow of `Sampler.generate(prompts, params)`:
    prefix, and sample. Rows stop on a stop token or their own max-new-tokens on device; stop strings are
    checked on the host between chunks.
 Buckets are powers of two and 1.5x powers of two (64, 96, 128, 192, ...), so a new length recompiles only
-when it crosses a bucket; nothing recompiles per length inside a bucket.
+when it crosses a bucket; nothing recompiles per length inside a bucket. What is compiled, per model config:
+`_prefill` per (batch bucket B, prompt bucket P), `_start` per (B, P, cache length S), `_decode_chunk` per (B, S).
+With `SamplerConfig.cache_headroom` at least every request's max-new-tokens (the actor sets it to the agent's
+per-turn limit), S is a function of P alone (`Sampler.shape_key`), so a context that grows through n prompt
+buckets compiles at most n shapes of each function per batch bucket, whatever the prompt lengths and
+max-new-tokens inside them. `shape_keys_seen()` lists the shape keys this process has run (each one compiled
+once); `Sampler.precompile` runs chosen shapes ahead (e.g. before an actor's first episode).
 
 Sampling: temperature (0 = greedy), then top-k, then top-p (`learner.model.truncate_logits`), then a
 categorical draw. Behaviour log-probs are those of the distribution actually sampled from: log softmax of the
@@ -82,8 +88,14 @@ class SamplerConfig:
     """Smallest batch bucket (batches are padded to a power of two at least this)."""
     memory_fraction: Optional[float] = None
     """If set, the actor process passes it to `configure_device_memory` before JAX starts."""
+    cache_headroom: int = 0
+    """Generation room (tokens) the KV cache always has beyond the prompt bucket: S = bucket(P + max(headroom,
+    longest max-new-tokens of the batch)). At least the usual max-new-tokens, S depends on the prompt bucket
+    only (one cache shape per prompt bucket instead of one per length mix); 0 = S fits the exact lengths."""
 
     def __post_init__(self) -> None:
+        if self.cache_headroom < 0:
+            raise ValueError(f"SamplerConfig.cache_headroom must be >= 0, got {self.cache_headroom}")
         for name in ("min_prompt_bucket", "min_cache_bucket", "max_cache_len", "decode_chunk_steps",
                      "min_batch_bucket"):
             if getattr(self, name) <= 0:
@@ -149,23 +161,35 @@ def batch_bucket(n: int) -> int:
 # ------------------------------------------------------------------------------ jitted pure functions
 
 
+_SHAPES_SEEN: set = set()  # (model config, shape key)
+
+
+def shape_keys_seen(config: ModelConfig | None = None) -> set:
+    """Shape keys ("prefill", B, P) / ("start", B, P, S, n_stop, truncate) / ("decode", B, S, n_stop, truncate)
+    that samplers of this process have run for `config` (None: any config); each was compiled once."""
+    return {k for c, k in _SHAPES_SEEN if config is None or c == config}
+
+
+@partial(jax.jit, static_argnames=("config",))
+def _split_params(stacked: dict, embed: jax.Array, final_norm: jax.Array, head: Any, *, config: ModelConfig) -> dict:
+    # Module level, so that every Sampler and every weights version of one config share one compilation (a jit
+    # made inside sampler_params compiled again for each new Sampler, i.e. for each weights version).
+    dt = config.jnp_dtype
+    layers = [{k: v[i].astype(dt) for k, v in stacked.items()} for i in range(config.num_layers)]
+    return {"embed": embed.astype(dt), "final_norm": final_norm.astype(dt),
+            "head": None if head is None else head.astype(dt), "layers": layers}
+
+
 def sampler_params(model: Transformer) -> dict:
     """The model's weights for sampling: per-layer buffers (unstacked), cast to the compute dtype.
 
     Returns {"embed": [V, D], "final_norm": [D], "head": [V, D] or None when tied, "layers": [dict] * L}.
+    Compiled once per model config (not per call: a new weights version costs the copy only).
     """
     config = model.config
-    dt = config.jnp_dtype
-
-    @jax.jit
-    def split(stacked, embed, final_norm, head):
-        layers = [{k: v[i].astype(dt) for k, v in stacked.items()} for i in range(config.num_layers)]
-        return {"embed": embed.astype(dt), "final_norm": final_norm.astype(dt),
-                "head": None if head is None else head.astype(dt), "layers": layers}
-
     head = None if config.tie_embeddings else model.lm_head[...]
-    return split(model.backbone.layers.layer_params(), model.backbone.embed[...], model.backbone.final_norm[...],
-                 head)
+    return _split_params(model.backbone.layers.layer_params(), model.backbone.embed[...],
+                         model.backbone.final_norm[...], head, config=config)
 
 
 def _head(params: dict) -> jax.Array:
@@ -339,10 +363,8 @@ class Sampler:
             raise ValueError("stop strings need a detokenize function (Sampler(..., detokenize=tokenizer.decode))")
 
         cfg = self.config
-        b = max(batch_bucket(n), batch_bucket(cfg.min_batch_bucket))
-        p_len = length_bucket(max(lens), cfg.min_prompt_bucket)
-        cache_len = max(p_len, length_bucket(max(l + sp.max_new_tokens for l, sp in zip(lens, per)),
-                                             cfg.min_cache_bucket))
+        b, p_len, cache_len = self.shape_key(n, max(lens), max(l + sp.max_new_tokens for l, sp in zip(lens, per)),
+                                             max(sp.max_new_tokens for sp in per))
         out_len = cache_len  # >= every max_new_tokens; one shape key fewer to compile for
         tokens = np.zeros((b, p_len), np.int32)
         lengths = np.ones((b,), np.int32)
@@ -364,6 +386,7 @@ class Sampler:
             "active": jnp.asarray(np.arange(b) < n),
         }
         truncate = any(sp.top_k > 0 or sp.top_p < 1.0 for sp in per)
+        new_shapes = self._note_shapes([("prefill", b, p_len), ("start", b, p_len, cache_len, n_stop, truncate)])
 
         t0 = time.perf_counter()
         kv, logits = _prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), config=self.model_config)
@@ -376,6 +399,8 @@ class Sampler:
         checked = np.zeros(b, np.int64)
         chunks = 0
         while not done.all():
+            if not chunks:
+                new_shapes += self._note_shapes([("decode", b, cache_len, n_stop, truncate)])
             state = _decode_chunk(self.params, state, sampling, config=self.model_config,
                                   steps=cfg.decode_chunk_steps, truncate=truncate)
             chunks += 1
@@ -389,7 +414,7 @@ class Sampler:
         t2 = time.perf_counter()
         self.last_stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": chunks * cfg.decode_chunk_steps,
                            "batch": b, "prompt_bucket": p_len, "cache_len": cache_len,
-                           "generated_tokens": int(n_gen[:n].sum())}
+                           "generated_tokens": int(n_gen[:n].sum()), "new_shapes": new_shapes}
         del state
         results = []
         for i in range(n):
@@ -402,6 +427,60 @@ class Sampler:
             results.append(Completion(out_tokens[i, :count].tolist(), np.asarray(out_lp[i, :count], np.float32),
                                       reason))
         return results
+
+    def shape_key(self, n: int, longest_prompt: int, longest_total: int, longest_new: int) -> tuple[int, int, int]:
+        """(batch bucket B, prompt bucket P, cache length S) of a call with `n` prompts, the longest `longest_prompt`
+        tokens, the longest prompt + max-new-tokens `longest_total`, the largest max-new-tokens `longest_new`."""
+        cfg = self.config
+        b = max(batch_bucket(n), batch_bucket(cfg.min_batch_bucket))
+        p_len = length_bucket(longest_prompt, cfg.min_prompt_bucket)
+        if cfg.cache_headroom:
+            need = p_len + max(cfg.cache_headroom, longest_new)  # >= longest_total: P >= every prompt
+            cap = length_bucket(cfg.max_cache_len, cfg.min_cache_bucket)  # >= every prompt + max-new-tokens
+            cache_len = max(p_len, min(length_bucket(need, cfg.min_cache_bucket), max(cap, longest_total)))
+        else:
+            cache_len = max(p_len, length_bucket(longest_total, cfg.min_cache_bucket))
+        return b, p_len, cache_len
+
+    def _note_shapes(self, keys: list) -> list:
+        new = [k for k in keys if (self.model_config, k) not in _SHAPES_SEEN]
+        _SHAPES_SEEN.update((self.model_config, k) for k in keys)
+        return new
+
+    def precompile(self, batch: int, prompt_lens: Sequence[int], max_new_tokens: int, n_stop: int = 1,
+                   on_done: Callable[[tuple[int, int, int], float], None] | None = None) -> list[tuple[int, int, int]]:
+        """Compile ahead the shapes that calls of `batch` prompts, the longest of each length in `prompt_lens`,
+        with `max_new_tokens` and `n_stop` stop token ids (per row, at most) will take: one short call per
+        (B, P, S) on dummy prompts (prefill, start and one decode chunk, 2 tokens sampled, untruncated sampling).
+        Returns the keys run; on_done(key, seconds) after each. Uses the device briefly; no timing lock."""
+        keys: list[tuple[int, int, int]] = []
+        for n_tok in prompt_lens:
+            key = self.shape_key(batch, n_tok, n_tok + max_new_tokens, max_new_tokens)
+            if key in keys:
+                continue
+            t0 = time.perf_counter()
+            self._run_shape(key, n_tok, max(1, n_stop))
+            keys.append(key)
+            if on_done is not None:
+                on_done(key, time.perf_counter() - t0)
+        return keys
+
+    def _run_shape(self, key: tuple[int, int, int], n_tok: int, n_stop: int) -> None:
+        b, p_len, cache_len = key
+        tokens = np.zeros((b, p_len), np.int32)
+        lengths = np.full((b,), max(1, min(n_tok, p_len)), np.int32)
+        sampling = {"temperature": jnp.ones((b,), jnp.float32), "top_k": jnp.zeros((b,), jnp.int32),
+                    "top_p": jnp.ones((b,), jnp.float32), "max_new": jnp.full((b,), 2, jnp.int32),
+                    "stop_ids": jnp.full((b, n_stop), -1, jnp.int32), "active": jnp.ones((b,), bool)}
+        self._note_shapes([("prefill", b, p_len), ("start", b, p_len, cache_len, n_stop, False),
+                           ("decode", b, cache_len, n_stop, False)])
+        kv, logits = _prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), config=self.model_config)
+        state = _start(kv, logits, jnp.asarray(lengths), sampling, jax.random.key(0), cache_len=cache_len,
+                       out_len=cache_len, truncate=False)
+        del kv, logits
+        state = _decode_chunk(self.params, state, sampling, config=self.model_config,
+                              steps=self.config.decode_chunk_steps, truncate=False)
+        jax.block_until_ready(state["out_tokens"])
 
     def _check_stop_strings(self, state: dict, per: list[SamplingParams], checked: np.ndarray,
                             stop_at: dict[int, int]) -> np.ndarray:

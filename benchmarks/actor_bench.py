@@ -1,8 +1,9 @@
 """Actor benchmark (issue 9): episodes per hour and where an actor's time goes (sampling / sandbox / idle).
 
-    python benchmarks/actor_bench.py --out OUTDIR      # H200: 0.5B shape, bf16, cubin, local node (~9 min)
+    python benchmarks/actor_bench.py --out OUTDIR --warmup-budget-s 90 --budget-s 120 --total-budget-s 270
+                                                    # H200: 0.5B shape, bf16, cubin, local node (fits ~280 s)
     python benchmarks/actor_bench.py --model tiny --backend cpu --fast-sandbox --skill brief --max-turns 4 \
-        --think-tokens 32 --concurrent 4 --episodes 8 --out OUTDIR             # CPU smoke figures
+        --think-tokens 32 --concurrent 4 --out OUTDIR             # CPU smoke figures
 
 One actor process with the real agent loop (actors.actor.Actor: concurrent episodes, batched sampler calls,
 sandbox calls overlapping sampling) and one sandbox node on the same host (in this process unless --sandbox
@@ -23,20 +24,33 @@ The GPU is shared: JAX takes --mem-fraction of its memory; the sampler holds the
 around each call, so the node's worker times kernels alone (the sampler waits meanwhile; results timed without
 the lock are counted as contended).
 
-Reported for the measured phase (after warm-up episodes, one per task by default, that compile the sampler's
-shapes and the torch.compile baselines; the measured phase starts episodes for --budget-s, then lets the
-running ones finish, and its wall clock includes that tail): episodes/hour, sampling busy, sandbox busy (at least one job of this actor in flight), both, idle
-(neither), the node's worker busy fraction, sampler calls and batch sizes, sampled tokens/s, sandbox calls per
-stage, episode statuses and rewards. Goal (issue 9): neither side idle more than 30% of the time.
+Phases, each with a hard wall-clock budget (progress lines with timestamps on stdout from the first second; the
+JSON in OUT/actor_bench.json is rewritten at every line, so a killed run keeps what it knew):
+1. set-up: JAX, the node's workers (starting in the background), tokenizer, model, sampler.
+2. warm-up (--warmup-budget-s): the sampler's shapes compiled ahead (`Sampler.precompile` for every prompt
+   bucket the scripted episodes reach, one compile line each), while the node evaluates each task's fast solution
+   once (its eager and torch.compile baselines, the verify and build paths). Whatever is not done at the budget
+   is left to the measured phase (and shows there as compiles / slow first evaluations).
+3. measured (--budget-s): one actor runs episodes continuously; at the budget the running episodes are
+   cancelled (`Actor.run(abort=...)`) and everything is reported over the window: episodes finished, turns
+   sampled, the time split (after --ramp-s, the start where all episodes are in step), node worker busy.
+   Episodes/hour is given two ways: finished episodes / window, and turns / window / turns per episode (the
+   scripted episodes have a fixed number of turns; this counts the work of episodes the budget cut).
+--total-budget-s is a watchdog over everything: when it passes, the stacks of all threads are printed, the JSON
+is written with `cut` set, and the process exits 3 (SIGTERM also prints the stacks). Goal (issue 9): neither side
+idle more than 30% of the time.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import faulthandler
 import json
 import os
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -106,6 +120,11 @@ class ReplayPolicy:
         prose_ids = tokenizer.encode(PROSE * (1 + think_tokens // 40))
         self.prose = tokenizer.decode(prose_ids[:think_tokens]) if think_tokens else ""
         self.sampled_tokens = 0
+        self.turns = 0
+        self.calls = 0
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
+        self.new_shapes: list = []
 
     def _files(self, files: dict[str, str]) -> str:
         from learner.chat import format_tool_call
@@ -143,6 +162,12 @@ class ReplayPolicy:
         params = [dataclasses.replace(sp, max_new_tokens=min(len(r), sp.max_new_tokens), stop_token_ids=(),
                                       stop_strings=()) for r, sp in zip(replies, settings)]
         sampled = self.inner.generate(prompts, params)
+        st = getattr(getattr(self.inner, "sampler", None), "last_stats", {}) or {}
+        self.prefill_s += float(st.get("prefill_s", 0.0))
+        self.decode_s += float(st.get("decode_s", 0.0))
+        self.new_shapes += list(st.get("new_shapes", []))
+        self.calls += 1
+        self.turns += len(prompts)
         out = []
         for ids, sp, s in zip(replies, settings, sampled):
             n = min(len(ids), sp.max_new_tokens)
@@ -172,56 +197,142 @@ def node_status(client: Any) -> dict[str, float]:
     return {"worker_busy_s": busy, "workers": workers}
 
 
-def run_phase(args: Any, cfg: Any, chat: Any, client: Any, policy: Any, fmt: str, tasks: list, episodes: int,
-              budget_s: float) -> dict:
-    """Run up to `episodes` episodes; after `budget_s` no new episode starts (the running ones finish)."""
-    from actors.activity import ActivityClock
-    from actors.actor import Actor, run_actor
-    from actors.sandbox_stages import SandboxStages
-    from actors.weights import PolicyVersions
+def expected_prompt_lengths(chat: Any, corpus: dict, policy: "ReplayPolicy", fmt: str, max_turns: int, skill: str,
+                            observation_tokens: int = 160) -> list[int]:
+    """Context lengths (tokens) the scripted episodes' sampler calls will have, per task and turn, with each tool
+    observation taken as `observation_tokens` (what `Sampler.precompile` should compile ahead)."""
+    from actors.skill import system_prompt, task_prompt
+    from learner.chat import ChatTokens, Message
 
-    class Sink:
-        def __init__(self):
-            self.episodes = []
+    out = []
+    for tid, (task, _, _) in corpus.items():
+        rec = ChatTokens(chat, [Message("system", system_prompt(fmt, "multi_turn", max_turns, skill)),
+                                Message("user", task_prompt(task, fmt, "multi_turn"))])
+        n = len(rec.context())
+        for turn in range(max_turns):
+            out.append(n)
+            n += len(chat.tokenizer.encode(policy.reply(tid, turn))) + 1 + observation_tokens
+    return out
 
-        def put(self, ep):
-            if ep.trainable:
-                ep.trajectory(cfg.actor_id)  # what the actor would ship (its cost included)
-            self.episodes.append(ep)
 
-    sink = Sink()
-    clock = ActivityClock()
-    actor = Actor(cfg, chat, SandboxStages(client, cfg.stages, clock), PolicyVersions(policy), sink, fmt, clock=clock)
-    before = node_status(client)
-    tokens0 = policy.sampled_tokens
-    order = [tasks[i % len(tasks)] for i in range(episodes)]
-    stop = threading.Event()
-    timer = threading.Timer(budget_s, stop.set)
-    timer.start()
-    try:
-        summary = run_actor(actor, order, stop=stop)
-    finally:
-        timer.cancel()
-    after = node_status(client)
-    t = summary["time"]
-    wall = max(t["wall_s"], 1e-9)
-    eps = sink.episodes
-    contended = sum(1 for e in eps if e.final is not None and e.final.contended)
-    return {
-        "episodes": len(eps), "wall_s": wall, "episodes_per_hour": len(eps) / wall * 3600,
-        "sampling_busy": t["sampling_s"] / wall, "sandbox_busy": t["sandbox_s"] / wall, "both": t["both_s"] / wall,
-        "idle": t["idle_s"] / wall,
-        "node_worker_busy": (after["worker_busy_s"] - before["worker_busy_s"]) / wall / max(1, after["workers"]),
-        "sampler_calls": summary["batcher"]["calls"], "sequences": summary["batcher"]["sequences"],
-        "mean_batch": summary["batcher"]["sequences"] / max(1, summary["batcher"]["calls"]),
-        "max_batch": summary["batcher"]["max_batch_seen"],
-        "sampled_tokens_per_s": (policy.sampled_tokens - tokens0) / wall,
-        "sandbox_calls": summary["sandbox_calls"], "by_status": summary["by_status"],
-        "mean_reward": summary["mean_reward"], "turns_mean": sum(e.stats["turns"] for e in eps) / max(1, len(eps)),
-        "final_status": {s: sum(1 for e in eps if e.final is not None and e.final.status == s)
-                         for s in sorted({e.final.status for e in eps if e.final is not None})},
-        "contended_finals": contended, "sampler_lock_waits": getattr(policy.inner, "lock_waits", 0),
-    }
+class Progress:
+    """Timestamped progress lines on stdout; each also rewrites the JSON (what is known so far) on disk."""
+
+    def __init__(self, path: Path, results: dict, t_start: float):
+        self.path, self.results, self.t_start = path, results, t_start
+        self.lock = threading.Lock()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def __call__(self, msg: str, final: bool = False) -> None:
+        with self.lock:
+            print(f"[{self.now():7.1f} s] {msg}", flush=True)
+            self.write(final)
+
+    def write(self, final: bool = False) -> None:
+        for _ in range(3):  # another thread may be adding a key: try again
+            try:
+                text = json.dumps(self.results | {"partial": not final, "elapsed_s": round(self.now(), 1)}, indent=2,
+                                  default=str)
+                break
+            except RuntimeError:
+                time.sleep(0.01)
+        else:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.path)
+
+
+class CompileLog:
+    """JAX backend compilations seen in this process (jax.monitoring), by function; a line for each slow one."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+    SAMPLER = ("jit(_prefill)", "jit(_start)", "jit(_decode_chunk)")
+
+    def __init__(self, note: Any, min_note_s: float = 1.0):
+        self.note, self.min_note_s = note, min_note_s
+        self.count: collections.Counter = collections.Counter()
+        self.secs: collections.Counter = collections.Counter()
+        self.phase = "setup"
+        self.by_phase: collections.Counter = collections.Counter()
+
+    def install(self) -> None:
+        import jax.monitoring
+
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+
+    def _on(self, event: str, duration: float, **kw: Any) -> None:
+        if event != self.EVENT and "backend_compile" not in event:
+            return
+        name = str(kw.get("fun_name", "?"))
+        self.count[name] += 1
+        self.secs[name] += duration
+        self.by_phase[self.phase] += 1
+        if duration >= self.min_note_s or (self.phase == "measured" and name.startswith(self.SAMPLER)):
+            self.note(f"compiled {name} in {duration:.1f} s (compile {sum(self.count.values())}, phase {self.phase})")
+
+    def summary(self) -> dict:
+        return {"compiles": sum(self.count.values()), "compile_s": round(sum(self.secs.values()), 2),
+                "by_phase": dict(self.by_phase),
+                "by_function": {k: {"n": v, "s": round(self.secs[k], 2)} for k, v in self.count.most_common()}}
+
+
+def warm_sandbox(client: Any, corpus: dict, fmt: str, stages: Any, deadline: float, note: Any) -> dict:
+    """One full evaluation of each task's fast solution (eager + torch.compile baselines), one verify and one
+    build-only job (the node's other evaluator and its build path), all submitted at once; waits until `deadline`
+    at the latest. Returns {"done": n, "submitted": n, "by_status": {...}}."""
+    import uuid
+
+    from protocol.sandbox_jobs import SandboxJob
+
+    jobs = []
+    for i, (tid, (task, fast, _)) in enumerate(corpus.items()):
+        files = {k: (f"// warm-up {uuid.uuid4().hex}\n" + v if k.startswith("kernels/") else v) for k, v in fast.items()}
+        kinds = [("final", stages.final_settings)]
+        if i == 0:
+            kinds += [("verify", stages.verify_settings), ("compile", stages.compile_settings)]
+        for kind, settings in kinds:
+            job = SandboxJob(job_id=f"warmup-{tid}-{kind}-{uuid.uuid4().hex[:8]}", task=task.to_dict(), files=files,
+                             format=fmt, settings=dict(settings), priority=0, deadline_s=600.0)
+            jobs.append((tid, kind, time.monotonic(), client.submit(job)))
+    statuses: collections.Counter = collections.Counter()
+    pending = list(jobs)
+    while pending and time.monotonic() < deadline:
+        for item in list(pending):
+            tid, kind, t0, fut = item
+            if not fut.done():
+                continue
+            pending.remove(item)
+            try:
+                res = fut.result().result
+                status = str(res.get("status"))
+                extra = f"reward {res.get('reward')}" if kind == "final" else ""
+            except Exception as e:  # noqa: BLE001 - reported, the bench goes on
+                status, extra = f"error {type(e).__name__}", str(e)[:120]
+            statuses[f"{kind}:{status}"] += 1
+            note(f"warm-up sandbox {kind} {tid}: {status} {extra} ({time.monotonic() - t0:.1f} s after submit)")
+        time.sleep(0.1)
+    return {"submitted": len(jobs), "done": len(jobs) - len(pending), "by_status": dict(statuses),
+            "not_done": [f"{k}:{t}" for t, k, _, _ in pending]}
+
+
+def window_figures(a: dict, b: dict, workers: int) -> dict:
+    """Figures over the window between two snapshots (see `snapshot` in main)."""
+    wall = max(b["clock"]["wall_s"] - a["clock"]["wall_s"], 1e-9)
+    d = {k: b["clock"][k] - a["clock"][k] for k in ("sampling_s", "sandbox_s", "both_s", "idle_s")}
+    calls = b["sampler_calls"] - a["sampler_calls"]
+    turns = b["turns"] - a["turns"]
+    episodes = b["episodes"] - a["episodes"]
+    return {"wall_s": wall, "episodes": episodes, "episodes_per_hour": episodes / wall * 3600, "turns": turns,
+            "sampling_busy": d["sampling_s"] / wall, "sandbox_busy": d["sandbox_s"] / wall, "both": d["both_s"] / wall,
+            "idle": d["idle_s"] / wall,
+            "node_worker_busy": (b["worker_busy_s"] - a["worker_busy_s"]) / wall / max(1, workers),
+            "sampler_calls": calls, "mean_batch": turns / max(1, calls),
+            "sampled_tokens_per_s": (b["tokens"] - a["tokens"]) / wall,
+            "prefill_s": b["prefill_s"] - a["prefill_s"], "decode_s": b["decode_s"] - a["decode_s"],
+            "sandbox_calls": {k: b["sandbox_calls"].get(k, 0) - a["sandbox_calls"].get(k, 0) for k in b["sandbox_calls"]}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,11 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sandbox", default="", help="existing node endpoints (comma-separated); default: a local node")
     ap.add_argument("--workers", type=int, default=0, help="local node's verify/profile workers (0 = node default)")
     ap.add_argument("--episodes", type=int, default=1000, help="most measured episodes (the budget ends it first)")
-    ap.add_argument("--budget-s", type=float, default=360.0, help="measured phase: no episode starts after this")
-    ap.add_argument("--warmup-episodes", type=int, default=0, help="warm-up episodes (0 = one per corpus task)")
-    ap.add_argument("--warmup-budget-s", type=float, default=150.0)
+    ap.add_argument("--budget-s", type=float, default=300.0, help="measured phase, hard: running episodes are "
+                                                                  "cancelled at its end")
+    ap.add_argument("--ramp-s", type=float, default=-1.0, help="start of the measured phase left out of the window "
+                                                               "(-1 = min(30, budget / 5))")
+    ap.add_argument("--warmup-budget-s", type=float, default=150.0, help="warm-up (precompile + sandbox), hard")
+    ap.add_argument("--total-budget-s", type=float, default=0.0, help="watchdog over the whole run (0 = set-up "
+                                                                      "allowance of 120 s + warm-up + measured + 30)")
     ap.add_argument("--min-prompt-bucket", type=int, default=0, help="sampler's smallest prompt bucket (0 = 4096 on "
                                                                       "a GPU, 256 on CPU: few shapes to compile)")
+    ap.add_argument("--no-precompile", action="store_true", help="compile sampler shapes on first use instead")
+    ap.add_argument("--jax-cache-dir", default="", help="JAX persistent compilation cache (a second run on the same "
+                                                        "machine skips the compiles)")
     ap.add_argument("--concurrent", type=int, default=16)
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--think-tokens", type=int, default=256)
@@ -248,25 +366,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    total_budget = args.total_budget_s or (120.0 + args.warmup_budget_s + args.budget_s + 30.0)
+    ramp = args.ramp_s if args.ramp_s >= 0 else min(30.0, args.budget_s / 5)
+    results: dict[str, Any] = {"machine": _machine(), "args": vars(args) | {"out": str(args.out)},
+                               "total_budget_s": total_budget, "ramp_s": ramp, "timeline": {}}
+    note = Progress(args.out / "actor_bench.json", results, t_start)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # a killed run says where it was
+
+    finished_ok = threading.Event()  # the final JSON is written: the watchdog only ends a slow shutdown
+
+    def watchdog() -> None:
+        time.sleep(max(0.0, total_budget - note.now()))
+        if finished_ok.is_set():
+            print(f"[{note.now():7.1f} s] total budget reached during the node's shutdown; the JSON is complete; "
+                  "exiting 0", flush=True)
+            os._exit(0)
+        results["cut"] = f"total budget {total_budget:.0f} s reached"
+        note(f"{results['cut']}: thread stacks on stderr; the JSON holds what finished; exiting 3")
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(3)
+
+    threading.Thread(target=watchdog, name="watchdog", daemon=True).start()
+    note(f"start: {results['machine']}; budgets: warm-up {args.warmup_budget_s:.0f} s, measured {args.budget_s:.0f} s "
+         f"(ramp {ramp:.0f} s), total {total_budget:.0f} s")
 
     from actors.sampler import configure_device_memory
 
     configure_device_memory(args.mem_fraction)
     import jax
 
+    if args.jax_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.jax_cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    compiles = CompileLog(note)
+    compiles.install()
+    results["compiles"] = compiles.count  # live view in every partial JSON
+
+    from actors.activity import ActivityClock
+    from actors.actor import Actor, cycle_tasks, run_actor
     from actors.config import ActorConfig, AgentConfig, StagesConfig
     from actors.policy import JaxPolicy, sampler_timing_lock
-    from actors.sampler import Sampler
-    from actors.weights import model_from_tensors, random_policy_tensors
+    from actors.sampler import Sampler, length_bucket
+    from actors.sandbox_stages import SandboxStages
+    from actors.weights import PolicyVersions, model_from_tensors, random_policy_tensors
     from learner.chat import ChatFormat
     from learner.model import ModelConfig
     from sandbox.client import SandboxClient
     from sandbox.config import SandboxConfig
 
-    t_start = time.monotonic()
     on_gpu = jax.default_backend() == "gpu"
+    results.update(jax_version=jax.__version__, jax_backend=jax.default_backend(), devices=[str(d) for d in jax.devices()])
+    note(f"jax {jax.__version__} on {jax.default_backend()}: {results['devices']}")
     backend = args.backend if args.backend != "auto" else ("cuda" if on_gpu else "cpu")  # no torch in this process
     fmt = "cubin" if backend == "cuda" else "cpu"
+    results["format"] = fmt
     node = None
     if args.sandbox:
         endpoints = [e for e in args.sandbox.split(",") if e]
@@ -279,76 +434,210 @@ def main(argv: list[str] | None = None) -> int:
         node = SandboxNode(ServiceConfig(endpoint="tcp://127.0.0.1:0", node_id="bench-node", workers=args.workers,
                                          metrics_port=-1, sandbox=sb)).start()
         endpoints = [node.endpoint]
+        note(f"sandbox node started at {node.endpoint} ({node.n_workers} worker(s) coming up in the background)")
     corpus = load_corpus(fmt, [t for t in args.tasks.split(",") if t] or None)
     tok = build_tokenizer(corpus)
     chat = ChatFormat(tok)
+    note(f"corpus {len(corpus)} tasks ({', '.join(corpus)}), tokenizer {tok.vocab_size} tokens")
     if args.model == "tiny":
         mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
     else:
         mcfg = ModelConfig.qwen2_5_0_5b(param_dtype="bfloat16" if on_gpu else "float32",
                                         dtype="bfloat16" if on_gpu else "float32",
                                         attention_impl="cudnn" if on_gpu else "xla")
+    results.update(model=args.model, model_params=mcfg.num_params())
     t0 = time.monotonic()
-    model = model_from_tensors(mcfg, random_policy_tensors(mcfg, seed=args.seed, std=0.02))
+    tensors = random_policy_tensors(mcfg, seed=args.seed, std=0.02)
+    note(f"random weights drawn: {mcfg.num_params() / 1e6:.1f}M params in {time.monotonic() - t0:.1f} s")
+    model = model_from_tensors(mcfg, tensors)
+    del tensors
     agent = AgentConfig(max_turns=args.max_turns, max_context_tokens=32768, max_new_tokens_per_turn=4096,
                         solution_format=fmt, temperature=1.0, skill=args.skill)
     cfg = ActorConfig(actor_id="bench-actor", concurrent_episodes=args.concurrent, max_batch=64, agent=agent,
                       stages=StagesConfig(), max_cache_len=32768,
                       sampler_min_batch_bucket=1 << max(0, (args.concurrent - 1).bit_length()),
                       sampler_min_prompt_bucket=args.min_prompt_bucket or (4096 if on_gpu else 256))
-    sampler = Sampler(model, cfg.sampler_config(), detokenize=tok.decode)
+    scfg = cfg.sampler_config()
+    sampler = Sampler(model, scfg, detokenize=tok.decode)
+    jax.block_until_ready(sampler.params)
     inner = JaxPolicy(sampler, version=1, seed=args.seed, timing_lock=sampler_timing_lock("auto"))
     policy = ReplayPolicy(inner, tok, corpus, args.max_turns, args.think_tokens, seed=args.seed)
-    setup_model_s = time.monotonic() - t0
+    results["timeline"]["setup_s"] = round(note.now(), 1)
+    note(f"model and sampler on the device in {time.monotonic() - t0:.1f} s; sampler buckets: batch "
+         f"{scfg.min_batch_bucket}, prompt >= {scfg.min_prompt_bucket}, cache >= {scfg.min_cache_bucket}, "
+         f"headroom {scfg.cache_headroom}")
+
     tasks = [task for task, _, _ in corpus.values()]
-    results: dict[str, Any] = {"machine": _machine(), "jax_backend": jax.default_backend(), "format": fmt,
-                               "model": args.model, "model_params": mcfg.num_params(), "args": vars(args) | {"out": str(args.out)},
-                               "setup_model_s": setup_model_s}
-    partial = args.out / "actor_bench.json"
+    client = SandboxClient(endpoints, client_id="bench-actor")
+    try:
+        # ---------------------------------------------------------------- warm-up (hard budget)
+        compiles.phase = "warm-up"
+        t_w = time.monotonic()
+        w_deadline = t_w + args.warmup_budget_s
+        lens = expected_prompt_lengths(chat, corpus, policy, fmt, args.max_turns, args.skill)
+        buckets = [length_bucket(min(lens), scfg.min_prompt_bucket)]  # every bucket from the first prompt to the
+        while buckets[-1] < int(max(lens) * 1.15):                          # longest context expected, plus 15%
+            buckets.append(length_bucket(buckets[-1] + 1, scfg.min_prompt_bucket))
+        results["warmup"] = {"expected_context_tokens": [min(lens), max(lens)], "prompt_buckets": buckets}
+        note(f"warm-up, budget {args.warmup_budget_s:.0f} s: contexts expected {min(lens)}-{max(lens)} tokens -> "
+             f"prompt buckets {buckets}; the node warms up in parallel")
+        sb_out: dict = {}
+        stages_cfg = cfg.stages
 
-    def note(msg: str) -> None:  # progress on stdout, and what is known so far on disk (a killed run keeps it)
-        print(f"[{time.monotonic() - t_start:7.1f} s] {msg}", flush=True)
-        partial.write_text(json.dumps(results | {"partial": True}, indent=2, default=str))
+        def sandbox_warmup() -> None:
+            if node is not None:
+                while not node.wait_ready(1.0):
+                    if time.monotonic() > w_deadline:
+                        sb_out["ready"] = False
+                        note("warm-up: the node's workers were not up at the warm-up budget")
+                        return
+                note(f"sandbox node ready ({node.n_workers} worker(s)); warm-up evaluations submitted")
+            sb_out["ready"] = True
+            sb_out.update(warm_sandbox(client, corpus, fmt, stages_cfg, w_deadline, note))
 
-    note(f"model set up in {setup_model_s:.1f} s ({mcfg.num_params() / 1e6:.1f}M params); waiting for the node")
-    with SandboxClient(endpoints, client_id="bench-actor") as client:
-        if node is not None and not node.wait_ready(600):
-            raise SystemExit("sandbox node workers did not come up")
-        note(f"node ready; warm-up: {args.warmup_episodes or len(tasks)} episodes, budget {args.warmup_budget_s:.0f} s")
-        t0 = time.monotonic()
-        results["warmup"] = run_phase(args, cfg, chat, client, policy, fmt, tasks,
-                                      args.warmup_episodes or len(tasks), args.warmup_budget_s)
-        results["warmup"]["elapsed_s"] = time.monotonic() - t0
-        note(f"warm-up done: {results['warmup']['episodes']} episodes in {results['warmup']['elapsed_s']:.0f} s; "
-             f"measured phase, budget {args.budget_s:.0f} s")
-        results["measured"] = run_phase(args, cfg, chat, client, policy, fmt, tasks, args.episodes, args.budget_s)
-        note(f"measured phase done: {results['measured']['episodes']} episodes in {results['measured']['wall_s']:.0f} s")
-    if node is not None:
-        node.drain(30)
+        sb_thread = threading.Thread(target=sandbox_warmup, name="sandbox-warmup", daemon=True)
+        sb_thread.start()
+        pre = []
+        if not args.no_precompile:
+            last_s = 0.0
+            for p in buckets:  # a shape cannot be cut half-way: the next one starts only if it fits, by the last
+                t_p = time.monotonic()
+                if t_p + last_s > w_deadline:
+                    note(f"warm-up budget: prompt bucket {p} and up left to the measured phase (the last shape took "
+                         f"{last_s:.0f} s)")
+                    break
+                sampler.precompile(scfg.min_batch_bucket, [p], max_new_tokens=agent.max_new_tokens_per_turn,
+                                   on_done=lambda key, s: (pre.append([*key, round(s, 1)]),
+                                                           note(f"precompiled sampler shape (batch, prompt, cache) "
+                                                                f"{key} in {s:.1f} s")))
+                last_s = time.monotonic() - t_p
+        sb_thread.join(max(0.0, w_deadline - time.monotonic()))
+        results["warmup"].update(precompiled=pre, sandbox=dict(sb_out), elapsed_s=round(time.monotonic() - t_w, 1))
+        results["timeline"]["warmup_end_s"] = round(note.now(), 1)
+        note(f"warm-up done in {results['warmup']['elapsed_s']:.0f} s: {len(pre)} sampler shapes, sandbox "
+             f"{sb_out.get('done', 0)}/{sb_out.get('submitted', '?')} jobs")
+        if node is not None and not node.wait_ready(0):
+            note("the node's workers are still not up: the measured phase waits for them inside its budget")
+
+        # ---------------------------------------------------------------- measured phase (hard budget)
+        compiles.phase = "measured"
+        clock = ActivityClock()
+        stages = SandboxStages(client, cfg.stages, clock)
+        finished: list = []
+        sink_lock = threading.Lock()
+
+        class Sink:
+            def put(self, ep):
+                if ep.trainable:
+                    ep.trajectory(cfg.actor_id)  # what the actor would ship (its cost included)
+                with sink_lock:
+                    finished.append(ep)
+
+        done_count = [0]
+
+        def on_episode(ep):
+            done_count[0] += 1
+            note(f"episode {done_count[0]} done: {ep.task.id} {ep.status}, reward {ep.reward:g}, "
+                 f"{ep.stats['turns']} turns, {ep.stats['context_tokens']} tokens, {ep.stats['wall_s']:.0f} s")
+
+        actor = Actor(cfg, chat, stages, PolicyVersions(policy), Sink(), fmt, clock=clock, on_episode=on_episode)
+
+        def snapshot() -> dict:
+            with sink_lock:
+                n_eps = len(finished)
+            return {"clock": clock.snapshot(), "episodes": n_eps, "turns": policy.turns, "tokens": policy.sampled_tokens,
+                    "sampler_calls": policy.calls, "prefill_s": policy.prefill_s, "decode_s": policy.decode_s,
+                    "sandbox_calls": dict(stages.calls), **node_status(client)}
+
+        snaps: dict = {}
+        stop, abort = threading.Event(), threading.Event()
+        t_m = time.monotonic()
+
+        def measure() -> None:
+            snaps["start"] = snapshot()
+            if ramp > 0 and not abort.wait(ramp):
+                snaps["ramp"] = snapshot()
+                note(f"ramp over: window starts ({snaps['ramp']['turns']} turns, {snaps['ramp']['episodes']} episodes "
+                     f"so far)")
+            last = time.monotonic()
+            while not abort.wait(1.0):
+                if time.monotonic() - t_m >= args.budget_s:
+                    break
+                if time.monotonic() - last >= 15:
+                    last = time.monotonic()
+                    s = snapshot()
+                    note(f"measuring: {s['episodes']} episodes, {s['turns']} turns, {s['sampler_calls']} sampler calls,"
+                         f" sandbox calls {s['sandbox_calls']}")
+            snaps["end"] = snapshot()
+            stop.set()
+            abort.set()
+
+        note(f"measured phase, budget {args.budget_s:.0f} s: {args.concurrent} concurrent episodes")
+        m_thread = threading.Thread(target=measure, name="measure", daemon=True)
+        m_thread.start()
+        summary = run_actor(actor, cycle_tasks(tasks, args.seed), max_episodes=args.episodes, stop=stop, abort=abort)
+        abort.set()
+        m_thread.join(5)
+        snaps.setdefault("end", snapshot())
+        workers = max(1, int(snaps["end"]["workers"]))
+        whole = window_figures(snaps["start"], snaps["end"], workers)
+        window = window_figures(snaps.get("ramp", snaps["start"]), snaps["end"], workers)
+        eps = list(finished)
+        turns_per_episode = (sum(e.stats["turns"] for e in eps) / len(eps)) if eps else float(args.max_turns)
+        for w in (whole, window):
+            w["episodes_per_hour_from_turns"] = w["turns"] / turns_per_episode / w["wall_s"] * 3600
+        results["measured"] = {
+            "window": window, "whole": whole, "turns_per_episode": turns_per_episode,
+            "episodes_aborted": summary.get("episodes_aborted", 0), "episodes_finished": len(eps),
+            "by_status": summary["by_status"], "mean_reward": summary["mean_reward"],
+            "final_status": dict(collections.Counter(e.final.status for e in eps if e.final is not None)),
+            "contended_finals": sum(1 for e in eps if e.final is not None and e.final.contended),
+            "sampler_lock_waits": getattr(inner, "lock_waits", 0), "max_batch": summary["batcher"]["max_batch_seen"],
+            "context_tokens_max": max((e.stats["context_tokens"] for e in eps), default=0),
+            "new_sampler_shapes": [list(k) for k in policy.new_shapes],
+        }
+        results["timeline"]["measured_end_s"] = round(note.now(), 1)
+        results["compiles"] = compiles.summary()
+        note(f"measured phase done: {len(eps)} episodes finished, {results['measured']['episodes_aborted']} cut by the "
+             f"budget, {whole['turns']} turns in {whole['wall_s']:.0f} s", final=True)
+        finished_ok.set()
+    finally:
+        client.close()
+    _table(results, args)
+    sys.stdout.flush()
+    if node is not None:  # after the JSON and the table: a slow shutdown costs no figure
+        node.drain(5)
         node.close()
-    results["total_s"] = time.monotonic() - t_start
-    (args.out / "actor_bench.json").write_text(json.dumps(results, indent=2, default=str))
+    return 0
 
+
+def _table(results: dict, args: Any) -> None:
     m = results["measured"]
+    w = m["window"]
     print(f"\nactor bench: {results['machine']}; jax {results['jax_backend']}; {args.model} "
-          f"({results['model_params'] / 1e6:.1f}M params); format {fmt}; {args.concurrent} concurrent, up to "
-          f"{args.max_turns} turns")
-    rows = [("episodes (measured)", f"{m['episodes']} in {m['wall_s']:.0f} s"),
-            ("episodes / hour", f"{m['episodes_per_hour']:.0f}"),
-            ("sampling busy", f"{m['sampling_busy']:.0%} (sampler idle {1 - m['sampling_busy']:.0%})"),
-            ("sandbox busy", f"{m['sandbox_busy']:.0%} (sandbox idle {1 - m['sandbox_busy']:.0%})"),
-            ("both / neither", f"{m['both']:.0%} / {m['idle']:.0%}"),
-            ("node worker busy", f"{m['node_worker_busy']:.0%}"),
-            ("sampler calls, mean / max batch", f"{m['sampler_calls']}, {m['mean_batch']:.1f} / {m['max_batch']}"),
-            ("sampled tokens / s", f"{m['sampled_tokens_per_s']:.0f}"),
-            ("sandbox calls", json.dumps(m["sandbox_calls"])), ("final statuses", json.dumps(m["final_status"])),
+          f"({results['model_params'] / 1e6:.1f}M params); format {results['format']}; {args.concurrent} concurrent, "
+          f"up to {args.max_turns} turns")
+    c = results["compiles"]
+    rows = [("window (after the ramp)", f"{w['wall_s']:.0f} s: {w['episodes']} episodes finished, {w['turns']} turns"),
+            ("episodes / hour (finished)", f"{w['episodes_per_hour']:.0f}"),
+            ("episodes / hour (from turns)", f"{w['episodes_per_hour_from_turns']:.0f} ({m['turns_per_episode']:.1f} "
+                                             "turns per episode)"),
+            ("sampling busy", f"{w['sampling_busy']:.0%} (sampler idle {1 - w['sampling_busy']:.0%})"),
+            ("sandbox busy", f"{w['sandbox_busy']:.0%} (sandbox idle {1 - w['sandbox_busy']:.0%})"),
+            ("both / neither", f"{w['both']:.0%} / {w['idle']:.0%}"),
+            ("node worker busy", f"{w['node_worker_busy']:.0%}"),
+            ("sampler calls, mean / max batch", f"{w['sampler_calls']}, {w['mean_batch']:.1f} / {m['max_batch']}"),
+            ("sampled tokens / s", f"{w['sampled_tokens_per_s']:.0f} (prefill {w['prefill_s']:.0f} s, decode "
+                                   f"{w['decode_s']:.0f} s)"),
+            ("sandbox calls", json.dumps(w["sandbox_calls"])), ("final statuses", json.dumps(m["final_status"])),
+            ("episodes cut by the budget", str(m["episodes_aborted"])),
             ("contended finals / sampler lock waits", f"{m['contended_finals']} / {m['sampler_lock_waits']}"),
-            ("warm-up", f"{results['warmup']['episodes']} episodes in {results['warmup']['elapsed_s']:.0f} s"),
-            ("total", f"{results['total_s']:.0f} s")]
+            ("compiles (setup / warm-up / measured)", f"{c['compiles']} in {c['compile_s']:.0f} s "
+                                                      f"{json.dumps(c['by_phase'])}"),
+            ("timeline", json.dumps(results["timeline"]))]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    return 0
 
 
 if __name__ == "__main__":
