@@ -1591,6 +1591,11 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
             conn.send(res)
         except (OSError, ValueError):
             return
+        if torch.cuda.is_initialized():
+            # Give the caching allocator's free blocks back to the device between evaluations (after the reply,
+            # off the caller's path): a 16 GiB task otherwise leaves ~20 GiB reserved in this process, which the
+            # other users of the GPU (more evaluators, a sampler, a learner) cannot have. Seen on the H200.
+            torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@
 #   GPU_TESTS=0        skip the tests (benchmarks only)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (270 s), fleet (300 s),
-#                      tasks (150 s), integrity (240 s: defences' cost, cubin),
+#                      tasks (150 s; TASKS_WORKERS, TASKS_N: default 4, 12), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
@@ -68,7 +68,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
                --json "$out/integrity_raw.json" ;;
-    tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers 4 --n 12 --no-compile \
+    tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers "${TASKS_WORKERS:-4}" --n "${TASKS_N:-12}" --no-compile \
                --budget-s 120 ;;
     gpusplit) for s in eval train; do
                run_bench "gpusplit_$s" 150 python3 -m cuda_agent.cli tasks filter "tasks/builtin/gpu_$s.jsonl" \

@@ -600,7 +600,9 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
             "float* __restrict__ out", "long long outer", "long long cols", "long long inner"]
         body = ["long long base = (r / inner) * cols * inner + (r % inner);"]
         for var, comb, term, finish in passes:
-            body.append(f"float {var}_acc = {_INIT[comb]};")
+            # sums accumulate in double (as in the compact variant): a float running sum over a row of millions
+            # of elements drifts past the sandbox's precision budget (seen on the H200 on gpu_tr_061)
+            body.append(f"double {var}_acc = 0.0;" if comb == "sum" else f"float {var}_acc = {_INIT[comb]};")
             body.append("for (long long c = 0; c < cols; ++c) {")
             body.append("    float s = s_in[base + c * inner];")
             body.append(f"    {var}_acc = " + (f"{var}_acc + {term};" if comb == "sum" else f"f{comb}f({var}_acc, {term});"))
@@ -627,7 +629,8 @@ def _naive(prog: Program, fmt: str) -> dict[str, str]:
     elif isinstance(core, Scan):
         comb, ident = _SCAN_OPS[core.kind]
         cargs = ["const float* __restrict__ s_in", "float* __restrict__ out", "long long rows", "long long cols"]
-        inner = (f"float acc = {ident};\nfor (long long c = 0; c < cols; ++c) {{ acc = "
+        acc_decl = {"cumsum": "double acc = 0.0", "cumprod": "double acc = 1.0"}.get(core.kind, f"float acc = {ident}")
+        inner = (f"{acc_decl};\nfor (long long c = 0; c < cols; ++c) {{ acc = "
                  f"{comb.format(a='acc', b='s_in[r * cols + c]')}; out[r * cols + c] = acc; }}")
         text = (("long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;\nif (r >= rows) return;\n" + inner)
                 if cu else "for (long long r = 0; r < rows; ++r) {\n" + textwrap.indent(inner, "    ") + "\n}")
