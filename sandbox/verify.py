@@ -1,4 +1,4 @@
-"""Compare a candidate's outputs with the reference's (runs on the trusted side, on CPU copies).
+"""Compare a candidate's outputs with the reference's (runs on the trusted side, on the reference's device).
 
 Rules (KernelBench's, made strict): same structure (one tensor, or a tuple/list of tensors of the same length;
 tuple and list are interchangeable), same shapes and dtypes, and every element within
@@ -59,45 +59,69 @@ def compare(ref: Any, cand: Any, atol: float, rtol: float, index: int) -> TrialR
         numel += rt.numel()
         if rt.numel() == 0:
             continue
+        n_nf, n_sp, n_val, t_abs, t_rel = _compare_tensor(rt, ct, atol, rtol)
+        mismatched += n_nf + n_sp + n_val
+        max_abs, max_rel = max(max_abs, t_abs), max(max_rel, t_rel)
         if rt.dtype == torch.bool:
-            bad = int((rt.cpu() != ct.cpu()).sum())
-            mismatched += bad
-            if bad:
-                problems.append(f"{where}: {bad} of {rt.numel()} boolean elements differ")
+            if n_val:
+                problems.append(f"{where}: {n_val} of {rt.numel()} boolean elements differ")
             continue
-        fast = _within_fast(rt, ct, atol, rtol)
+        if n_nf:
+            max_abs = math.inf
+            problems.append(f"{where}: {n_nf} of {rt.numel()} elements are NaN/Inf where the reference is finite "
+                            "(unwritten output memory reads as NaN)")
+        if n_sp:
+            problems.append(f"{where}: {n_sp} elements differ where the reference is NaN/Inf")
+        if n_val:
+            problems.append(f"{where}: {n_val} of {rt.numel()} elements outside atol={atol:g} + rtol={rtol:g}*|ref| "
+                            f"(max abs error {t_abs:.4g})")
+    ok = mismatched == 0
+    return TrialResult(index, ok, max_abs_err=max_abs, max_rel_err=max_rel, mismatched=mismatched, numel=numel,
+                       message="; ".join(problems))
+
+
+CHUNK_ELEMENTS = 1 << 25  # 128 MiB of float32 per pass: bounds the temporaries (the float64 path's are 8x that)
+
+
+def _compare_tensor(rt: torch.Tensor, ct: torch.Tensor, atol: float, rtol: float) -> tuple[int, int, int, float, float]:
+    """(non-finite where the reference is finite, special values that differ, values outside the tolerance,
+    max abs error, max rel error) of one output pair of the same shape and dtype.
+
+    Runs on the reference's device (a CUDA reference's comparison stays on the GPU: the candidate's copy is moved
+    there, chunk by chunk), over flat chunks of CHUNK_ELEMENTS so the temporaries stay bounded. On the H200 a
+    GPU-sized task's 2 GiB output compared on the trusted worker's one CPU thread cost ~25 s a trial."""
+    r_all = rt.detach().reshape(-1)
+    c_all = ct.detach().reshape(-1)
+    dev = r_all.device
+    n_nf = n_sp = n_val = 0
+    max_abs = max_rel = 0.0
+    for lo in range(0, r_all.numel(), CHUNK_ELEMENTS):
+        r = r_all[lo:lo + CHUNK_ELEMENTS]
+        c = c_all[lo:lo + CHUNK_ELEMENTS].to(dev)
+        if r.dtype == torch.bool:
+            n_val += int((r != c).sum())
+            continue
+        fast = _within_fast(r, c, atol, rtol)
         if fast is not None:  # every element well inside the tolerance: the verdict of the exact path below
             max_abs, max_rel = max(max_abs, fast[0]), max(max_rel, fast[1])
             continue
-        rd = rt.detach().cpu().to(torch.float64) if not rt.is_complex() else torch.view_as_real(rt.detach().cpu()).double()
-        cd = ct.detach().cpu().to(torch.float64) if not ct.is_complex() else torch.view_as_real(ct.detach().cpu()).double()
+        rd = r.to(torch.float64) if not r.is_complex() else torch.view_as_real(r).double()
+        cd = c.to(torch.float64) if not c.is_complex() else torch.view_as_real(c).double()
         r_fin = torch.isfinite(rd)
         c_fin = torch.isfinite(cd)
-        nonfinite_bad = r_fin & ~c_fin
         # where the reference is not finite, the candidate must be the same special value
         special_bad = ~r_fin & ~((torch.isnan(rd) & torch.isnan(cd)) | (rd == cd))
         both = r_fin & c_fin
         diff = torch.where(both, (cd - rd).abs(), torch.zeros_like(rd))
         tol = atol + rtol * rd.abs()
-        val_bad = both & (diff > tol)
-        n_nf, n_sp, n_val = int(nonfinite_bad.sum()), int(special_bad.sum()), int(val_bad.sum())
-        mismatched += n_nf + n_sp + n_val
+        n_nf += int((r_fin & ~c_fin).sum())
+        n_sp += int(special_bad.sum())
+        n_val += int((both & (diff > tol)).sum())
         if both.any():
             max_abs = max(max_abs, float(diff.max()))
             rel = torch.where(both, diff / (rd.abs() + 1e-12), torch.zeros_like(rd))
             max_rel = max(max_rel, float(rel.max()))
-        if n_nf:
-            max_abs = math.inf
-            problems.append(f"{where}: {n_nf} of {rd.numel()} elements are NaN/Inf where the reference is finite "
-                            "(unwritten output memory reads as NaN)")
-        if n_sp:
-            problems.append(f"{where}: {n_sp} elements differ where the reference is NaN/Inf")
-        if n_val:
-            problems.append(f"{where}: {n_val} of {rd.numel()} elements outside atol={atol:g} + rtol={rtol:g}*|ref| "
-                            f"(max abs error {float(diff.max()):.4g})")
-    ok = mismatched == 0
-    return TrialResult(index, ok, max_abs_err=max_abs, max_rel_err=max_rel, mismatched=mismatched, numel=numel,
-                       message="; ".join(problems))
+    return n_nf, n_sp, n_val, max_abs, max_rel
 
 
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -106,12 +130,11 @@ _MARGIN = 1.0 - 1e-5  # float32 rounding of diff and tol is below 1e-6 relative:
 
 def _within_fast(rt: torch.Tensor, ct: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
     """(max abs error, max rel error) when the reference is finite and every element of ct is within
-    (1 - 1e-5) * (atol + rtol * |ref|) of it, computed in float32 (a third of the float64 path's passes and half its
+    (1 - 1e-5) * (atol + rtol * |ref|) of it, computed in float32 on their device (a third of the float64 path's passes and half its
     bytes); None otherwise, and the exact float64 path decides. Same shape and dtype assumed (checked before)."""
     if rt.dtype not in _FAST_DTYPES or rt.numel() == 0:
         return None
-    r = rt.detach().cpu()
-    c = ct.detach().cpu()
+    r, c = rt, ct
     if r.dtype != torch.float32:
         r, c = r.float(), c.float()
     if not bool(torch.isfinite(r).all()):
@@ -143,13 +166,13 @@ def precision_shortfall(ref: Any, cand: Any, budget: dict[str, float], floor: fl
         name = str(rt.dtype).removeprefix("torch.")
         if name not in budget or rt.numel() < 16 or rt.shape != ct.shape:
             continue
-        rd = rt.detach().cpu().reshape(-1)
-        cd = ct.detach().cpu().reshape(-1)
+        rd = rt.detach().reshape(-1)
+        cd = ct.detach().reshape(-1)
         if rd.numel() > 65536:  # the median of a strided subsample with a random offset: cheap, and unpredictable
             step = rd.numel() // 65536
             start = secrets.randbelow(step)
             rd, cd = rd[start::step], cd[start::step]
-        rd, cd = rd.double(), cd.double()
+        rd, cd = rd.cpu().double(), cd.cpu().double()  # the subsample only leaves the device
         ok = torch.isfinite(rd) & torch.isfinite(cd)
         if int(ok.sum()) < 16:
             continue

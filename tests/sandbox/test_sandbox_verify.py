@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from sandbox.verify import compare
@@ -49,3 +50,39 @@ def test_integer_and_bool_outputs():
     b = torch.tensor([True, False])
     assert compare(b, b.clone(), 0.0, 0.0, 0).ok
     assert not compare(b, ~b, 0.0, 0.0, 0).ok
+
+
+def test_chunked_comparison_gives_the_verdict_of_one_pass(monkeypatch):
+    """Outputs are compared in chunks of CHUNK_ELEMENTS: errors in several chunks, a NaN in one, a mismatched
+    special value in another, and a non-contiguous candidate give the counts and error figures of one pass."""
+    import sandbox.verify as verify
+
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(40, 25, generator=g)
+    r[7, 3] = float("inf")
+    c = (r.t().contiguous() + 1e-6).t()  # same values, transposed strides
+    c[0, 1] += 1.0
+    c[39, 24] -= 2.5
+    c[20, 0] = float("nan")
+    c[7, 3] = -float("inf")
+    whole = compare(r, c, 1e-2, 1e-2, 0)
+    monkeypatch.setattr(verify, "CHUNK_ELEMENTS", 64)
+    chunked = compare(r, c, 1e-2, 1e-2, 0)
+    assert not whole.ok and whole.mismatched == 4
+    assert (chunked.ok, chunked.mismatched, chunked.message) == (whole.ok, whole.mismatched, whole.message)
+    assert chunked.max_abs_err == whole.max_abs_err and chunked.max_rel_err == whole.max_rel_err
+    assert "max abs error 2.5" in whole.message and "differ where the reference is NaN/Inf" in whole.message
+
+
+@pytest.mark.gpu
+def test_a_cuda_reference_is_compared_on_its_device_against_a_host_candidate():
+    """The trusted side compares a CUDA reference on the GPU (the candidate's host copy is moved there chunk by
+    chunk): same verdict as on the CPU, for a pass and for a failure."""
+    r = torch.randn(3 << 20, device="cuda")
+    c = r.cpu() + 1e-6
+    ok = compare(r, c, 1e-2, 1e-2, 0)
+    c[12345] = float("nan")
+    c[-1] += 1.0
+    bad, bad_cpu = compare(r, c, 1e-2, 1e-2, 1), compare(r.cpu(), c, 1e-2, 1e-2, 1)
+    assert ok.ok and not bad.ok and bad.mismatched == 2
+    assert (bad.message, bad.max_rel_err) == (bad_cpu.message, bad_cpu.max_rel_err)
