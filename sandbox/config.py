@@ -173,6 +173,10 @@ class SandboxConfig:
     # --- threads
     cpu_threads: int = 1
     """torch intra-op threads and OMP_NUM_THREADS, for reference and candidate alike (same footing)."""
+    verify_threads: int = 0
+    """CUDA backend: torch intra-op threads of the trusted worker, which compares outputs on CPU copies (the
+    reference's never go back to the device while solution code runs); 0 = every core it may run on. On the H200 a
+    GPU-sized task's 2 GiB output took ~25 s a trial on one thread. The CPU backend uses cpu_threads."""
 
     # --- time limits (wall clock, per stage)
     build_timeout_s: float = 120.0
@@ -223,6 +227,8 @@ class SandboxConfig:
                 raise ValueError(f"SandboxConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_calls < 0:
             raise ValueError("SandboxConfig.warmup_calls must be >= 0")
+        if self.verify_threads < 0:
+            raise ValueError(f"SandboxConfig.verify_threads must be >= 0 (0: every core), got {self.verify_threads}")
         for name in ("build_timeout_s", "extension_build_timeout_s", "load_timeout_s", "trial_timeout_s",
                      "profile_timeout_s", "reference_timeout_s"):
             if not getattr(self, name) > 0:

@@ -823,6 +823,11 @@ def calls_per_rep(cfg: SandboxConfig, one_ms: float, in_bytes: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- one job
+def _verify_threads(cfg: SandboxConfig) -> int:
+    """SandboxConfig.verify_threads, 0 resolved to the cores this process may run on."""
+    return cfg.verify_threads or max(1, len(os.sched_getaffinity(0)))
+
+
 def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig,
             spares: "WorkerPool") -> dict:
     """Evaluate one built solution. job: task_id, reference, shape_overrides, atol, rtol, workspace, model_py,
@@ -831,6 +836,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     out: dict[str, Any] = {"trials": [], "timing": None, "violations": [], "log": [], "stage_ms": {}, "nvml": []}
     device = job["device"]
     cuda = device.startswith("cuda")
+    # On a GPU the trusted side's CPU threads time nothing (the baselines run on the device): comparisons of a
+    # GPU-sized task's outputs (2 GiB on the CPU copies) get verify_threads; the CPU backend keeps cpu_threads
+    # (the baselines' footing).
+    torch.set_num_threads(_verify_threads(cfg) if cuda else cfg.cpu_threads)
     t0 = time.perf_counter()
     key = (job["reference_hash"], device, tuple(sorted((job.get("shape_overrides") or {}).items())))
     state = cache.get(key)

@@ -87,9 +87,10 @@ def _compare_tensor(rt: torch.Tensor, ct: torch.Tensor, atol: float, rtol: float
     """(non-finite where the reference is finite, special values that differ, values outside the tolerance,
     max abs error, max rel error) of one output pair of the same shape and dtype.
 
-    Runs on the reference's device (a CUDA reference's comparison stays on the GPU: the candidate's copy is moved
-    there, chunk by chunk), over flat chunks of CHUNK_ELEMENTS so the temporaries stay bounded. On the H200 a
-    GPU-sized task's 2 GiB output compared on the trusted worker's one CPU thread cost ~25 s a trial."""
+    Runs on the reference's device (the candidate's copy is moved there, chunk by chunk), over flat chunks of
+    CHUNK_ELEMENTS so the temporaries stay bounded (the float64 path of a 2 GiB output would otherwise hold ~24 GiB).
+    The trusted worker passes CPU copies of the reference (they never go back to the device while solution code
+    runs) and compares with SandboxConfig.verify_threads threads on a GPU host."""
     r_all = rt.detach().reshape(-1)
     c_all = ct.detach().reshape(-1)
     dev = r_all.device

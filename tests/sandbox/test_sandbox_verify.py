@@ -86,3 +86,15 @@ def test_a_cuda_reference_is_compared_on_its_device_against_a_host_candidate():
     bad, bad_cpu = compare(r, c, 1e-2, 1e-2, 1), compare(r.cpu(), c, 1e-2, 1e-2, 1)
     assert ok.ok and not bad.ok and bad.mismatched == 2
     assert (bad.message, bad.max_rel_err) == (bad_cpu.message, bad_cpu.max_rel_err)
+
+
+def test_verify_threads_is_validated_and_resolves_to_the_usable_cores():
+    import os
+
+    from sandbox.config import SandboxConfig
+    from sandbox.reference_worker import _verify_threads
+
+    with pytest.raises(ValueError, match="verify_threads"):
+        SandboxConfig(verify_threads=-1)
+    assert _verify_threads(SandboxConfig(verify_threads=3)) == 3
+    assert _verify_threads(SandboxConfig()) == len(os.sched_getaffinity(0))
