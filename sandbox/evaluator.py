@@ -113,7 +113,8 @@ class Evaluator:
             return
         # A plain subprocess (not multiprocessing's spawn), so callers need no `if __name__ == "__main__"` guard.
         a, b = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   **jail_mod.MALLOC_ENV)  # the allocator regime of both sides (see sandbox.jail)
         p = subprocess.Popen([sys.executable, "-m", "sandbox.reference_worker", "--fd", str(b.fileno()),
                               "--config", json.dumps(dataclasses.asdict(self.cfg))], pass_fds=(b.fileno(),), env=env,
                              stdin=subprocess.DEVNULL)

@@ -57,6 +57,15 @@ PR_CAPBSET_DROP = 24
 
 _SKIP_REMOUNT = ("/proc", "/dev", "/sys")
 DEFAULT_HIDE = ("/tmp", "/var/tmp", "/home", "/root", "/work", "/mnt", "/media", "/srv")
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024), "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024)}
+"""glibc malloc with fixed thresholds, for the trusted worker (sandbox.evaluator) and the candidate
+(reference_worker._worker_env) alike. With the defaults (dynamic thresholds) a torch CPU op's multi-MiB
+intermediates came either from a heap that kept its pages or, when the freed top of the heap was trimmed after each
+call, from pages faulted in afresh on every call: the same eager baseline measured 6 ms or 23 ms a call depending on
+the heap's layout (corpus elementwise_chain, 2-core CPU box), which gave an honest 1.1x kernel a reward of 0 or 1 at
+random. Fixed values switch the dynamic adjustment off: blocks up to 32 MiB (glibc's own dynamic maximum) come
+from the heap, and up to 1 GiB of free heap top is kept."""
+
 PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "LANG")
 """The trusted side's environment variables that confined processes (candidate workers, compilers) inherit: which
 devices, where the CUDA toolkit and driver libraries are, the locale. Nothing else of it passes: tokens, keys and

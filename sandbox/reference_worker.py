@@ -78,8 +78,8 @@ import torch
 from sandbox import shm as shm_mod
 from sandbox import wire
 from sandbox.config import SandboxConfig, gate_allowance_ms
-from sandbox.jail import (DEFAULT_HIDE, PASSED_ENV, JailSpec, candidate_expose, command_prefix, set_rlimits,
-                          toolkit_dirs, trusted_roots)
+from sandbox.jail import (DEFAULT_HIDE, MALLOC_ENV, PASSED_ENV, JailSpec, candidate_expose, command_prefix,
+                          set_rlimits, toolkit_dirs, trusted_roots)
 from sandbox.result import Status, TimingStats, TrialResult, Violation
 from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_settled
 from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
@@ -224,6 +224,7 @@ def _pdeathsig() -> None:
 def _worker_env(cfg: SandboxConfig) -> dict[str, str]:
     """Environment of candidate workers and the zygote: nothing of the trusted side's beyond what is needed."""
     env = {
+        **MALLOC_ENV,
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         "HOME": tempfile.gettempdir(),

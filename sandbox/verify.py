@@ -60,6 +60,7 @@ def compare(ref: Any, cand: Any, atol: float, rtol: float, index: int) -> TrialR
         if rt.numel() == 0:
             continue
         n_nf, n_sp, n_val, t_abs, t_rel = _compare_tensor(rt, ct, atol, rtol)
+        nel = rt.numel() * (2 if rt.is_complex() else 1)  # counts are of real components (view_as_real)
         mismatched += n_nf + n_sp + n_val
         max_abs, max_rel = max(max_abs, t_abs), max(max_rel, t_rel)
         if rt.dtype == torch.bool:
@@ -68,12 +69,12 @@ def compare(ref: Any, cand: Any, atol: float, rtol: float, index: int) -> TrialR
             continue
         if n_nf:
             max_abs = math.inf
-            problems.append(f"{where}: {n_nf} of {rt.numel()} elements are NaN/Inf where the reference is finite "
+            problems.append(f"{where}: {n_nf} of {nel} elements are NaN/Inf where the reference is finite "
                             "(unwritten output memory reads as NaN)")
         if n_sp:
             problems.append(f"{where}: {n_sp} elements differ where the reference is NaN/Inf")
         if n_val:
-            problems.append(f"{where}: {n_val} of {rt.numel()} elements outside atol={atol:g} + rtol={rtol:g}*|ref| "
+            problems.append(f"{where}: {n_val} of {nel} elements outside atol={atol:g} + rtol={rtol:g}*|ref| "
                             f"(max abs error {t_abs:.4g})")
     ok = mismatched == 0
     return TrialResult(index, ok, max_abs_err=max_abs, max_rel_err=max_rel, mismatched=mismatched, numel=numel,

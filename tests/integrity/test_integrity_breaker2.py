@@ -259,7 +259,7 @@ HONEST = {"fast": 0, "slow": 0}
 @pytest.mark.parametrize("tname", sorted(p.name for p in CORPUS.iterdir() if (p / "model.py").exists()))
 def test_honest_corpus_keeps_its_rewards(default_evaluator, tname, variant):
     """The defences above cost an honest solution nothing: every fast and slow corpus solution is `ok`, a slow one
-    gets 0, the fused elementwise chain (8-10x eager) keeps its milestone, and nothing is a violation (no
+    gets 0, the fused elementwise chain (about 2x eager) keeps its milestone, and nothing is a violation (no
     timer_tampering from the trusted wall clock's bound on a loaded host)."""
     from sandbox.files import load_solution
 

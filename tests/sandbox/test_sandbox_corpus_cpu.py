@@ -1,8 +1,9 @@
 """The CPU corpus end to end: 8 tasks x {fast, slow, wrong, crash, hang}, each must get the right status.
 
 Rewards: -1 for every failure, >= 0 for correct solutions. Milestones are asserted only where the speed gap is
-5x or more (CPU timings on 2 shared cores are noisy): every slow solution is >= 5x slower than eager (reward 0),
-and the fused elementwise chain is >= 5x faster than eager (reward >= 1).
+large (CPU timings on 2 shared cores are noisy): every slow solution is >= 5x slower than eager (reward 0), and
+the fused elementwise chain is about 2x faster than eager (reward >= 1; 1.9-2.5x on the 2-core box with the fixed
+allocator regime, sandbox.jail.MALLOC_ENV).
 """
 
 import pytest
@@ -14,7 +15,7 @@ from sandbox_testlib import CORPUS, TASKS, VARIANTS
 pytestmark = pytest.mark.slow
 
 EXPECTED = {"fast": "ok", "slow": "ok", "wrong": "incorrect", "crash": "runtime_error", "hang": "timeout"}
-FAST_GAP_5X = {"elementwise_chain"}  # fused kernel vs eight eager passes: 8-10x measured
+FAST_GAP = {"elementwise_chain"}  # fused kernel vs six eager passes: 1.9-2.5x measured (see the module doc)
 
 
 def test_corpus_is_complete():
@@ -39,7 +40,7 @@ def test_cpu_corpus_status_and_reward(cpu_evaluator, task, variant):
         assert t.speedup_eager.lo <= t.speedup_eager.point <= t.speedup_eager.hi
         if variant == "slow":
             assert res.reward == 0, res.message
-        if variant == "fast" and task in FAST_GAP_5X:
+        if variant == "fast" and task in FAST_GAP:
             assert res.reward >= 1, res.message
     else:
         assert res.reward == -1
@@ -52,7 +53,7 @@ def test_cpu_corpus_status_and_reward(cpu_evaluator, task, variant):
 
 
 def test_profile_ends_early_once_the_milestone_is_settled(tmp_path):
-    """A slow solution (>= 5x slower than eager) and the fused chain (>= 5x faster): 20 repetitions asked for, the
+    """A slow solution (>= 5x slower than eager) and the fused chain (about 2x faster): 20 repetitions asked for, the
     milestone settled at the 99% level after the first 8 or a few more; the same evaluation with early stopping
     off runs all 20. The rewards are those of the full runs."""
     from sandbox.config import SandboxConfig

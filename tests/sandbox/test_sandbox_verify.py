@@ -98,3 +98,22 @@ def test_verify_threads_is_validated_and_resolves_to_the_usable_cores():
         SandboxConfig(verify_threads=-1)
     assert _verify_threads(SandboxConfig(verify_threads=3)) == 3
     assert _verify_threads(SandboxConfig()) == len(os.sched_getaffinity(0))
+
+
+def test_both_sides_run_with_the_fixed_allocator_regime(tmp_path):
+    """The trusted worker and the candidate's environment carry sandbox.jail.MALLOC_ENV (eager's time otherwise
+    depended on whether glibc trimmed the heap after each call: 6 or 23 ms a call for the same baseline)."""
+    from pathlib import Path
+
+    from sandbox.config import SandboxConfig
+    from sandbox.evaluator import Evaluator
+    from sandbox.jail import MALLOC_ENV
+    from sandbox.reference_worker import _worker_env
+
+    cfg = SandboxConfig(backend="cpu", cache_dir=str(tmp_path / "cache"), work_root=str(tmp_path / "ws"))
+    assert MALLOC_ENV.items() <= _worker_env(cfg).items()
+    with Evaluator(cfg) as ev:
+        ev._ensure_worker()
+        environ = Path(f"/proc/{ev._proc.pid}/environ").read_bytes().split(b"\0")
+    for k, v in MALLOC_ENV.items():
+        assert f"{k}={v}".encode() in environ
