@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(tempfile.mkdtemp(prefix="stability-"))
     cfg = SandboxConfig(**{"backend": "cuda" if cuda else "cpu", "use_compile": False,
                            "cache_dir": str(root / "cache"), "work_root": str(root / "ws"), **extra})
-    console = Console()
+    console = Console(width=160)
     raw: dict[str, list[dict]] = {}
     with Evaluator(cfg) as ev:
         for d in demos:
@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> None:
             rows = [one_eval(ev, task, d, a.format) for _ in range(a.evals)]
             raw[key] = [dict(warm, warmup=True)] + rows
             s = summarise(rows)
-            console.print(f"{key}: {s['statuses']} speed-up {s['speedup_min']}..{s['speedup_max']} "
-                          f"rewards {s['rewards']} ({s['wall_s']:.1f} s per evaluation)")
+            lo, hi = (f"{x:.2f}" if x is not None else "-" for x in (s["speedup_min"], s["speedup_max"]))
+            console.print(f"{key}: {s['statuses']} speed-up {lo}..{hi} rewards {s['rewards']} "
+                          f"({s['wall_s']:.1f} s per evaluation)")
     if a.json:
         Path(a.json).write_text(json.dumps(raw, indent=1))
     table = Table(title=f"reward stability, {a.format}, {a.evals} evaluations per solution (after a warm-up)")

@@ -12,7 +12,8 @@
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (270 s), fleet (300 s),
 #                      tasks (150 s; TASKS_WORKERS, TASKS_N: default 4, 12), integrity (240 s: defences' cost, cubin),
-#                      overhead (150 s: per-call host overhead, cubin), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
+#                      overhead (150 s: per-call host overhead, cubin), stability (300 s: the same GPU-split demos
+#                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
 mkdir -p "$out"
@@ -70,6 +71,9 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --json "$out/integrity_raw.json" ;;
     tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers "${TASKS_WORKERS:-4}" --n "${TASKS_N:-12}" --no-compile \
                --budget-s 120 ;;
+    stability) run_bench stability 300 python3 benchmarks/stability_bench.py --format cubin \
+               --tasks "${STABILITY_TASKS:-gpu_tr_061,gpu_tr_014}" --variants fused --evals 4 \
+               --json "$out/stability.json" ;;
     gpusplit) for s in eval train; do
                run_bench "gpusplit_$s" 150 python3 -m cuda_agent.cli tasks filter "tasks/builtin/gpu_$s.jsonl" \
                  --device cuda --workers 1 --no-compile --no-dedup --out "$out/gpu_${s}_measured.jsonl" \
