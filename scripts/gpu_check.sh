@@ -79,6 +79,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
                  --device cuda --workers 1 --no-compile --no-dedup --out "$out/gpu_${s}_measured.jsonl" \
                  --rejected "$out/gpu_${s}_off_window.jsonl"
              done ;;
+    none) ;;
     *) echo "unknown benchmark $b" | tee -a "$out/benches.txt" ;;
   esac
 done
