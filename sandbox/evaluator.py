@@ -113,8 +113,11 @@ class Evaluator:
             return
         # A plain subprocess (not multiprocessing's spawn), so callers need no `if __name__ == "__main__"` guard.
         a, b = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   **jail_mod.MALLOC_ENV)  # the allocator regime of both sides (see sandbox.jail)
+        # the allocator regime of both sides (sandbox.jail.MALLOC_ENV): the host's own allocator settings, which the
+        # candidate's environment never gets, do not reach the baselines either
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+        env.update(jail_mod.MALLOC_ENV, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         p = subprocess.Popen([sys.executable, "-m", "sandbox.reference_worker", "--fd", str(b.fileno()),
                               "--config", json.dumps(dataclasses.asdict(self.cfg))], pass_fds=(b.fileno(),), env=env,
                              stdin=subprocess.DEVNULL)

@@ -100,9 +100,12 @@ def test_verify_threads_is_validated_and_resolves_to_the_usable_cores():
     assert _verify_threads(SandboxConfig()) == len(os.sched_getaffinity(0))
 
 
-def test_both_sides_run_with_the_fixed_allocator_regime(tmp_path):
+def test_both_sides_run_with_the_fixed_allocator_regime(tmp_path, monkeypatch):
     """The trusted worker and the candidate's environment carry sandbox.jail.MALLOC_ENV (eager's time otherwise
-    depended on whether glibc trimmed the heap after each call: 6 or 23 ms a call for the same baseline)."""
+    depended on whether glibc trimmed the heap after each call: 6 or 23 ms a call for the same baseline), and the
+    host's own allocator settings reach neither side."""
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=131072")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     from pathlib import Path
 
     from sandbox.config import SandboxConfig
@@ -117,3 +120,5 @@ def test_both_sides_run_with_the_fixed_allocator_regime(tmp_path):
         environ = Path(f"/proc/{ev._proc.pid}/environ").read_bytes().split(b"\0")
     for k, v in MALLOC_ENV.items():
         assert f"{k}={v}".encode() in environ
+    assert not [e for e in environ if e.startswith((b"GLIBC_TUNABLES=", b"MALLOC_ARENA_MAX="))]
+    assert "GLIBC_TUNABLES" not in _worker_env(cfg) and "MALLOC_ARENA_MAX" not in _worker_env(cfg)
