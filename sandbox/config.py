@@ -175,8 +175,9 @@ class SandboxConfig:
     """torch intra-op threads and OMP_NUM_THREADS, for reference and candidate alike (same footing)."""
     verify_threads: int = 0
     """CUDA backend: torch intra-op threads of the trusted worker, which compares outputs on CPU copies (the
-    reference's never go back to the device while solution code runs); 0 = every core it may run on. On the H200 a
-    GPU-sized task's 2 GiB output took ~25 s a trial on one thread. The CPU backend uses cpu_threads."""
+    reference's never go back to the device while solution code runs); 0 = every core it may run on. compare() of
+    2^27 float32 elements took 6.2 s on one thread of the 2-core CPU box, so ~25 s for a 2 GiB output (extrapolated;
+    the H200's GPU-sized evaluations took ~160 s). The CPU backend uses cpu_threads."""
 
     # --- time limits (wall clock, per stage)
     build_timeout_s: float = 120.0

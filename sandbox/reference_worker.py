@@ -837,9 +837,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     out: dict[str, Any] = {"trials": [], "timing": None, "violations": [], "log": [], "stage_ms": {}, "nvml": []}
     device = job["device"]
     cuda = device.startswith("cuda")
-    # On a GPU the trusted side's CPU threads time nothing (the baselines run on the device): comparisons of a
-    # GPU-sized task's outputs (2 GiB on the CPU copies) get verify_threads; the CPU backend keeps cpu_threads
-    # (the baselines' footing).
+    # On a GPU the baselines' work runs on the device: comparisons of a GPU-sized task's outputs (2 GiB on the CPU
+    # copies) get verify_threads; the CPU backend keeps cpu_threads (the baselines' footing). Eager and
+    # torch.compile are then timed with verify_threads host threads too; its effect on their GPU times is not
+    # measured yet.
     torch.set_num_threads(_verify_threads(cfg) if cuda else cfg.cpu_threads)
     t0 = time.perf_counter()
     key = (job["reference_hash"], device, tuple(sorted((job.get("shape_overrides") or {}).items())))
@@ -1603,8 +1604,9 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
             return
         if torch.cuda.is_initialized():
             # Give the caching allocator's free blocks back to the device between evaluations (after the reply,
-            # off the caller's path): a 16 GiB task otherwise leaves ~20 GiB reserved in this process, which the
-            # other users of the GPU (more evaluators, a sampler, a learner) cannot have. Seen on the H200.
+            # off the caller's path): GPU-sized tasks (eager footprints up to 16 GiB) left 19-23 GiB reserved per
+            # process, which the other users of the GPU (more evaluators, a sampler, a learner) could not have: 4
+            # evaluators side by side ran the H200 out of memory.
             torch.cuda.empty_cache()
 
 

@@ -132,8 +132,9 @@ _MARGIN = 1.0 - 1e-5  # float32 rounding of diff and tol is below 1e-6 relative:
 
 def _within_fast(rt: torch.Tensor, ct: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
     """(max abs error, max rel error) when the reference is finite and every element of ct is within
-    (1 - 1e-5) * (atol + rtol * |ref|) of it, computed in float32 on their device (a third of the float64 path's passes and half its
-    bytes); None otherwise, and the exact float64 path decides. Same shape and dtype assumed (checked before)."""
+    (1 - 1e-5) * (atol + rtol * |ref|) of it, computed in float32 on their device (a third of the float64 path's
+    passes and half its bytes); None otherwise, and the exact float64 path decides. Same shape and dtype assumed
+    (checked before)."""
     if rt.dtype not in _FAST_DTYPES or rt.numel() == 0:
         return None
     r, c = rt, ct

@@ -2,8 +2,8 @@
 
 Rewards: -1 for every failure, >= 0 for correct solutions. Milestones are asserted only where the speed gap is
 large (CPU timings on 2 shared cores are noisy): every slow solution is >= 5x slower than eager (reward 0), and
-the fused elementwise chain is about 2x faster than eager (reward >= 1; 1.9-2.5x on the 2-core box with the fixed
-allocator regime, sandbox.jail.MALLOC_ENV).
+the fused elementwise chain is about 2x faster than eager (reward >= 1; 1.9-2.5x in 6 evaluations on the 2-core
+box at the integrity tests' settings, with the fixed allocator regime, sandbox.jail.MALLOC_ENV).
 """
 
 import pytest
