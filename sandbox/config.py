@@ -177,7 +177,8 @@ class SandboxConfig:
     """CUDA backend: torch intra-op threads of the trusted worker, which compares outputs on CPU copies (the
     reference's never go back to the device while solution code runs); 0 = every core it may run on. compare() of
     2^27 float32 elements took 6.2 s on one thread of the 2-core CPU box, so ~25 s for a 2 GiB output (extrapolated;
-    the H200's GPU-sized evaluations took ~160 s). The CPU backend uses cpu_threads."""
+    the H200's GPU-sized evaluations took ~160 s). Used from the reference stage to the end of verification and
+    around each profile check; eager and torch.compile are timed with cpu_threads. The CPU backend uses cpu_threads."""
 
     # --- time limits (wall clock, per stage)
     build_timeout_s: float = 120.0

@@ -57,6 +57,7 @@ abort, sticky CUDA error) yields `runtime_error`; the trusted worker itself neve
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import math
 import os
@@ -71,7 +72,7 @@ import traceback
 import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -829,6 +830,17 @@ def _verify_threads(cfg: SandboxConfig) -> int:
     return cfg.verify_threads or max(1, len(os.sched_getaffinity(0)))
 
 
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n for the block, then put back."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig,
             spares: "WorkerPool") -> dict:
     """Evaluate one built solution. job: task_id, reference, shape_overrides, atol, rtol, workspace, model_py,
@@ -837,10 +849,9 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     out: dict[str, Any] = {"trials": [], "timing": None, "violations": [], "log": [], "stage_ms": {}, "nvml": []}
     device = job["device"]
     cuda = device.startswith("cuda")
-    # On a GPU the baselines' work runs on the device: comparisons of a GPU-sized task's outputs (2 GiB on the CPU
-    # copies) get verify_threads; the CPU backend keeps cpu_threads (the baselines' footing). Eager and
-    # torch.compile are then timed with verify_threads host threads too; its effect on their GPU times is not
-    # measured yet.
+    # On a GPU the comparisons of a GPU-sized task's outputs (2 GiB on the CPU copies) get verify_threads until the
+    # profile starts, and around each profile check (_check_timed); eager and torch.compile are timed with
+    # cpu_threads, as on the CPU backend (the baselines' footing).
     torch.set_num_threads(_verify_threads(cfg) if cuda else cfg.cpu_threads)
     t0 = time.perf_counter()
     key = (job["reference_hash"], device, tuple(sorted((job.get("shape_overrides") or {}).items())))
@@ -923,8 +934,11 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
             if cfg.profile:  # before load: nothing but the harness answers yet
                 tc = time.perf_counter()
+                # requests of up to 4 calls: at the profile's own 16 calls the calibration took 140-510 ms an
+                # evaluation on the H200 (each request carries its input sets) and its per-call figure moved by
+                # less than the gap between the harness's cost before and after the import (benchmarks/RESULTS.md)
                 calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0],
-                                   min(ref["plan"].calls, 4) if ref["plan"] is not None else 1, io)
+                                   min(ref["plan"].calls, 4) if ref["plan"] is not None else 1, io, log=out["log"])
                 out["stage_ms"]["calibration"] = (time.perf_counter() - tc) * 1e3
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
@@ -985,6 +999,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             return out
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
+        torch.set_num_threads(cfg.cpu_threads)
         timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec,
                           calib)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
@@ -1215,13 +1230,15 @@ def _tensor_list(v: Any) -> list:
 
 
 def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
-               rounds: int = 3, pings: int = 5) -> tuple[float, float, float]:
+               rounds: int = 5, pings: int = 5, log: list | None = None) -> tuple[float, float, float]:
     """(round trip of an empty request in ms, the harness's fixed cost per time request in ms, its cost per timed
     call in ms), measured before the solution is imported, while only trusted code runs in the candidate's process:
     pings, then `calibrate` requests that go through the time request's path (input sets of the task's shapes, a
     no-op for forward that returns tensors of the reference's output shapes, the copies and checks after each call).
 
-    Requests of 1 call and of `calls` calls alternate, `rounds` of each. The fixed and the per-call costs are
+    Requests of 1 call and of `calls` calls alternate, `rounds` of each, after one warm-up round that is discarded
+    (the first requests pay one-time costs: the gate's latency measured again, lazy kernel loads, the allocator's
+    first blocks; on the H200 one such outlier made a whole evaluation's per-call cost 0). The fixed and the per-call costs are
     separated by the two sizes: cost(n) = fixed + n * per_call, medians of each size. A profile whose repetitions
     time a number of calls other than the calibration's then gets the right estimate. One size alone would spread
     the fixed cost over its n calls: with 4 calls calibrated and 16 timed, the estimate would come out 3 x fixed too
@@ -1236,7 +1253,8 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     outs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in _tensor_list(ref_out)]
     big = max(2, calls)
     costs: dict[int, list[float]] = {1: [], big: []}
-    for _ in range(rounds):
+    parts: list[dict] = []
+    for k in range(rounds + 1):
         for n in (1, big):
             rec = cand.encode_inputs([zeros] * n, io)
             tw = time.perf_counter()
@@ -1244,10 +1262,40 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
             wall = (time.perf_counter() - tw) * 1e3
             _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
             loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
-            costs[n].append(max(0.0, wall - rtt - loop - prep))
-    one, many = (sorted(v)[len(v) // 2] for v in (costs[1], costs[big]))
+            if k:  # round 0: the warm-up
+                costs[n].append(max(0.0, wall - rtt - loop - prep))
+                if n == big:
+                    parts.append(request_parts(reply, wall, rtt, n))
+    one, many = (_median(costs[1]), _median(costs[big]))
     per_call = max(0.0, (many - one) / (big - 1))
+    if log is not None and parts:
+        log.append(f"profile: calibration ({big} calls a request; the harness's own report, a diagnostic): "
+                   + parts_summary(parts))
     return rtt, max(0.0, one - per_call), per_call
+
+
+def _median(v: list[float]) -> float:
+    return sorted(v)[len(v) // 2] if v else 0.0
+
+
+def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int) -> dict:
+    """Where one time (or calibrate) request's trusted wall clock went, by the candidate harness's own report
+    (handler_ms, run_ms, loop_ms, prep_ms; all ms): a diagnostic for the log, never used for a reward (the
+    candidate's process can report anything). Keys: pipe (the wall clock less the round trip and the handler),
+    checks (the handler less the timed run and the unpacking: the checks around the request), between_per_call
+    (the run less its timed regions, per call: the harness's work between calls), loop_per_call."""
+    def num(key: str) -> float:
+        v = reply.get(key)
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else float("nan")
+
+    handler, run, loop, prep = num("handler_ms"), num("run_ms"), num("loop_ms"), num("prep_ms")
+    return {"pipe": wall_ms - rtt_ms - handler, "checks": handler - run - prep, "prep": prep,
+            "between_per_call": (run - loop) / calls, "loop_per_call": loop / calls}
+
+
+def parts_summary(parts: list[dict]) -> str:
+    """Medians of request_parts records, one 'key a.bcd ms' item each."""
+    return ", ".join(f"{k} {_median([p[k] for p in parts]):.3f} ms" for k in parts[0])
 
 
 def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,
@@ -1319,6 +1367,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     ratios: list[float] = []
     shortfalls: list[float] = []
     ests: list[float] = []
+    parts: list[dict] = []  # request_parts of each candidate repetition (diagnostic)
     cpu_over: list[float] = []  # CPU backend, per candidate repetition: CPU ms beyond cpu_threads x its wall clock
     cpu_walls: list[float] = []
     full_done = False
@@ -1395,6 +1444,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 ms = ev / calls
                 est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms, fixed)
                 ests.append(est)
+                parts.append({**request_parts(reply, wall, rtt, calls), "trusted_prep": enc_ms + h2d_ms})
                 ratios.append(loop / max(est, 1e-6))
                 shortfalls.append(est - loop)
                 full_charge = True
@@ -1426,7 +1476,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         # solution's own does there beyond cpu_threads cores (filling the harness's copies, say) is parallel work too
         c0 = tree_cpu_s(cand.pid, precise=True) if not cuda else None
         ts = time.perf_counter()
-        _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
+        with _threads(_verify_threads(cfg) if cuda else cfg.cpu_threads):
+            _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         if c0 is not None:
             c1 = tree_cpu_s(cand.pid, precise=True)
             sw = (time.perf_counter() - ts) * 1e3
@@ -1456,14 +1507,17 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         out["log"].append(f"profile: the candidate's process used {sum(cpu_over):.2f} ms of CPU beyond "
                           f"{cfg.cpu_threads} thread(s) over its time and sample requests; charged to its repetitions")
     med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
-    med_short = sorted(shortfalls)[len(shortfalls) // 2] if shortfalls else 0.0
+    med_short = _median(shortfalls)
     if med_ratio < 0.1 and med_short > 2.0:
         msg = (f"the candidate's in-process timings cover a median {med_ratio:.0%} of the trusted wall clock around "
                f"its repetitions (median shortfall {med_short:.1f} ms, request round trip {rtt:.2f} ms)")
         raise StageFailure(Status.FORBIDDEN, f"profile: {msg}", [Violation("timer_tampering", msg)])
+    if parts:
+        out["log"].append(f"profile: candidate time requests ({calls} calls each; the harness's own report, a "
+                          "diagnostic): " + parts_summary(parts))
     if cand_gated and cand_host:
         out["log"].append(f"profile: gated; the candidate's host time inside each call, median "
-                          f"{sorted(cand_host)[len(cand_host) // 2]:.3f} ms (allowance {timer.host_allowance_ms:g} ms, "
+                          f"{_median(cand_host):.3f} ms (allowance {timer.host_allowance_ms:g} ms, "
                           f"gate latency {timer.gate_latency_ms:.3f} ms on the trusted side)")
     if cand_side:
         out["log"].append(f"profile: {cand_side} of the candidate's timed calls put work on another stream than the "
