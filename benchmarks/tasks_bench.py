@@ -139,6 +139,16 @@ def main() -> None:
     for k, v in sorted(rep.reasons.items(), key=lambda kv: -kv[1]):
         r.add_row(k, str(v))
     console.print(r)
+    # what the filter's own failures and the forward errors were (the first line of up to 3 distinct details each):
+    # a rejection count alone does not say whether the task or the machine failed
+    for reason in ("internal_error", "forward_error", "timeout"):
+        seen: list[str] = []
+        for row in rows:
+            first = (row.get("detail") or "").strip().splitlines()[:1]
+            if row.get("reason") == reason and first and first[0] not in seen:
+                seen.append(first[0])
+        for line in seen[:3]:
+            console.print(f"{reason} example: {line[:200]}", highlight=False, markup=False)
 
 
 if __name__ == "__main__":

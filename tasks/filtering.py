@@ -27,6 +27,7 @@ import dataclasses
 import math
 import multiprocessing as mp
 import os
+import random
 import signal
 import time
 import traceback
@@ -56,7 +57,9 @@ REASONS = {
     "compile_error": "torch.compile failed", "compile_mismatch": "torch.compile output differs from eager",
     # pool and set level
     "timeout": "ran past the per-task limit", "worker_crash": "the worker process died",
-    "internal_error": "the filter itself failed", "near_duplicate": "near-duplicate of an accepted task",
+    "internal_error": "the filter itself failed",
+    "out_of_memory": "the device ran out of memory on every try (other workers share it: not a verdict on the task)",
+    "near_duplicate": "near-duplicate of an accepted task",
     "contaminated": "near-duplicate of a benchmark task", "compose_error": "composer found no valid graph",
 }
 
@@ -81,14 +84,20 @@ class FilterConfig:
       min_live_fraction: share of output elements a perturbation must change for the perturbed part to be live.
       perturb_scale: relative size of the liveness perturbation (per element, of its own magnitude).
       task_timeout_s: wall-clock limit per task in a pool worker, seconds (after the worker's warm-up).
-      workers: pool worker processes (with device "cuda", worker i uses GPU i mod the GPU count: give one
-        worker per GPU so that timings do not share a device).
+      workers: pool worker processes (with device "cuda", worker i uses GPU i mod the GPU count; workers that share
+        a GPU time one at a time under its timing lock, see timing_lock, and share its memory).
       warm_compile: pay the process's first torch.compile (15-18 s on 2 CPU cores) at worker start.
       max_tasks_per_worker: a worker is replaced after this many tasks (bounds leaks of compiled graphs).
       autosize: when a task is too fast, double its shape parameters toward the window's geometric middle
         (estimate from tasks.sizing, calibrated by the measured time) and check it again, up to
         `autosize_rounds` times. On for synthesis; off by default so that `filter` never changes a task.
       autosize_rounds: re-sizing rounds per task.
+      timing_lock: device "cuda": time under the GPU's timing lock (sandbox.service_lock, the one the sandbox nodes
+        take), holding it shared around the rest of a task's GPU work, so that workers sharing a GPU time eager
+        and torch.compile alone. A timing that could not have the lock is flagged (Verdict.contended).
+      timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), s.
+      oom_retries: a task whose check runs the device out of memory is checked again this many times (after the
+        worker empties torch's cache and waits 1-3 s: workers sharing a GPU come and go); then out_of_memory.
     """
 
     device: str = "cpu"
@@ -111,6 +120,9 @@ class FilterConfig:
     max_tasks_per_worker: int = 400
     autosize: bool = False
     autosize_rounds: int = 3
+    timing_lock: bool = True
+    timing_lock_timeout_s: float = 60.0
+    oom_retries: int = 2
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_WINDOWS_MS:
@@ -127,6 +139,9 @@ class FilterConfig:
             raise ValueError(f"max_reps ({self.max_reps}) must be >= min_reps ({self.min_reps})")
         if self.task_timeout_s <= 0:
             raise ValueError(f"task_timeout_s must be > 0, got {self.task_timeout_s}")
+        if self.timing_lock_timeout_s < 0 or self.oom_retries < 0:
+            raise ValueError(f"timing_lock_timeout_s and oom_retries must be >= 0, got {self.timing_lock_timeout_s}"
+                             f" and {self.oom_retries}")
 
     @property
     def window(self) -> tuple[float, float]:
@@ -149,6 +164,8 @@ class Verdict:
       check_s: wall time of the whole check, seconds.
       resized_params: the shape parameters the task was accepted at, when autosize changed them (else {}).
       device_name: the device the checks ran on ("cpu" or the CUDA device's name).
+      contended: a timing of this check ran without the GPU's timing lock (FilterConfig.timing_lock).
+      oom_retries: times the check was run again after the device ran out of memory.
     """
 
     task_id: str
@@ -164,6 +181,8 @@ class Verdict:
     check_s: float = 0.0
     resized_params: dict[str, int] = field(default_factory=dict)
     device_name: str = ""
+    contended: bool = False
+    oom_retries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -381,14 +400,23 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     base_ms: float | None = None
     tried = [dict(task.shape_params)]
     while True:
-        v = Verdict(task_id=task.id, accepted=False)
-        try:
-            _check_task(current, cfg, v)
-            v.accepted = True
-        except _Reject as r:
-            v.reason, v.detail = r.reason, r.detail[:500]
-        except Exception as e:  # noqa: BLE001 - a filter bug must not take the pool down
-            v.reason, v.detail = "internal_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"
+        for attempt in range(cfg.oom_retries + 1):
+            v = Verdict(task_id=task.id, accepted=False, oom_retries=attempt)
+            try:
+                _check_task(current, cfg, v)
+                v.accepted = True
+            except _Reject as r:
+                v.reason, v.detail = r.reason, r.detail[:500]
+            except Exception as e:  # noqa: BLE001 - a filter bug must not take the pool down
+                if _is_oom(e):
+                    v.reason, v.detail = "out_of_memory", f"{type(e).__name__}: {str(e)[:400]}"
+                    _release_device_memory(cfg.device)
+                    if attempt < cfg.oom_retries:
+                        time.sleep(random.uniform(1.0, 3.0))
+                        continue
+                else:
+                    v.reason, v.detail = "internal_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"
+            break
         if rounds == 0 and v.reason == "too_fast":
             base_ms = v.eager_ms
         wants = (v.reason == "too_fast" or (v.reason == "too_slow" and rounds > 0))
@@ -418,6 +446,43 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     return v
 
 
+def _is_oom(e: BaseException) -> bool:
+    """A device out-of-memory error (torch.OutOfMemoryError; a task that exhausts host memory is its own fault)."""
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError)
+
+
+def _release_device_memory(device: str) -> None:
+    """Return torch's cached device blocks (a worker between tasks holds nothing else), so that the other
+    workers on the GPU can have them."""
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+_LOCKS: dict[int, Any] = {}
+
+
+def _device_lock(cfg: FilterConfig) -> Any:
+    """The timing lock of this worker's GPU (sandbox.service_lock.DeviceTimingLock), or None (CPU, or off)."""
+    if cfg.device != "cuda" or not cfg.timing_lock:
+        return None
+    import torch
+
+    from sandbox.service_lock import DeviceTimingLock, gpu_device_key
+
+    idx = torch.cuda.current_device()
+    if idx not in _LOCKS:
+        visible = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+        _LOCKS[idx] = DeviceTimingLock(gpu_device_key(visible[idx] if idx < len(visible) else idx))
+    return _LOCKS[idx]
+
+
 def _device_name(device: str) -> str:
     if device != "cuda":
         return "cpu"
@@ -435,46 +500,69 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
 
     device = cfg.device
     origin = origin_of(task)
-    try:
-        mod = load_checked(task.reference, origin)
-        model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device)
-        _, _, out2 = build_and_run(mod, origin, seed=0, device=device)
-    except TaskValidationError as e:
-        raise _Reject(e.problem, e.detail) from None
-    v.output_shapes = [list(o.shape) for o in out1]
-    same, worst = outputs_equal(out1, out2)
-    if not same:
-        raise _Reject("not_deterministic", f"max abs difference {worst:.3g} between two runs")
-    try:
-        tr = trace_module(mod, device="meta")
-        v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
-    except Exception:  # data-dependent references do not trace on meta tensors: trace the real run
-        tr = trace_module(mod, device=device)
-        v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
-    _check_outputs(out1, cfg)
-    if cfg.check_dead:
-        _check_liveness(model, inputs, out1, cfg)
-        _check_no_effect(task, out1, cfg, device)
+    lock = _device_lock(cfg)
+    # the GPU work but the timed sections runs holding the GPU's timing lock shared (a timer waits for it)
+    with _shared(lock):
+        try:
+            mod = load_checked(task.reference, origin)
+            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device)
+            _, _, out2 = build_and_run(mod, origin, seed=0, device=device)
+        except TaskValidationError as e:
+            raise _Reject(e.problem, e.detail) from None
+        v.output_shapes = [list(o.shape) for o in out1]
+        same, worst = outputs_equal(out1, out2)
+        if not same:
+            raise _Reject("not_deterministic", f"max abs difference {worst:.3g} between two runs")
+        try:
+            tr = trace_module(mod, device="meta")
+            v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
+        except Exception:  # data-dependent references do not trace on meta tensors: trace the real run
+            tr = trace_module(mod, device=device)
+            v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
+        _check_outputs(out1, cfg)
+        if cfg.check_dead:
+            _check_liveness(model, inputs, out1, cfg)
+            _check_no_effect(task, out1, cfg, device)
     lo, hi = cfg.window
     with torch.no_grad():
         if cfg.check_timing:
-            v.eager_ms = time_call_ms(lambda: model(*inputs), device, cfg, stop_above_ms=3 * hi)
+            v.eager_ms = _timed_ms(lock, v, lambda: model(*inputs), device, cfg, stop_above_ms=3 * hi)
             if v.eager_ms < lo:
                 raise _Reject("too_fast", f"eager {v.eager_ms:.3g} ms < {lo:g} ms")
             if v.eager_ms > hi:
                 raise _Reject("too_slow", f"eager {v.eager_ms:.3g} ms > {hi:g} ms")
         if cfg.check_compile:
-            try:
-                compiled = torch.compile(model)
-                outc = run_reference(compiled, inputs)
-            except Exception as e:  # noqa: BLE001
-                msg = str(e).strip().splitlines()
-                raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
+            with _shared(lock):
+                try:
+                    compiled = torch.compile(model)
+                    outc = run_reference(compiled, inputs)
+                except Exception as e:  # noqa: BLE001
+                    if _is_oom(e):
+                        raise
+                    msg = str(e).strip().splitlines()
+                    raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
             ok, why = _allclose(out1, outc, task.atol, task.rtol)
             if not ok:
                 raise _Reject("compile_mismatch", why)
             if cfg.check_timing:
-                v.compile_ms = time_call_ms(lambda: compiled(*inputs), device, cfg)
+                v.compile_ms = _timed_ms(lock, v, lambda: compiled(*inputs), device, cfg)
+
+
+def _shared(lock: Any) -> Any:
+    """The GPU's timing lock held shared (untimed GPU work), or nothing (CPU, lock off)."""
+    import contextlib
+
+    return lock.shared() if lock is not None else contextlib.nullcontext()
+
+
+def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,
+              stop_above_ms: float | None = None) -> float:
+    """time_call_ms under the GPU's timing lock held exclusively (v.contended when it could not be had)."""
+    if lock is None:
+        return time_call_ms(fn, device, cfg, stop_above_ms)
+    with lock.timing(cfg.timing_lock_timeout_s) as st:
+        v.contended = v.contended or not st.acquired
+        return time_call_ms(fn, device, cfg, stop_above_ms)
 
 
 # -------------------------------------------------------------------------------------------------- the pool
@@ -501,7 +589,7 @@ def _worker_main(conn, cfg_dict: dict, slot: int = 0) -> None:
     import torch
 
     torch.set_num_threads(cfg.cpu_threads)
-    if cfg.device == "cuda":  # one worker per GPU: timings must not share a device
+    if cfg.device == "cuda":  # workers beyond the GPU count share a GPU (timing lock)
         torch.cuda.set_device(slot % torch.cuda.device_count())
     if cfg.warm_compile and cfg.check_compile:
         try:
@@ -525,6 +613,9 @@ def _worker_main(conn, cfg_dict: dict, slot: int = 0) -> None:
             torch._dynamo.reset()
         except Exception:  # noqa: BLE001
             pass
+        # the task's tensors are gone: torch's cached blocks go back to the GPU, for the other workers on it (with
+        # 16 workers on one H200, 138 of 199 candidates ended in forward or internal errors; causes not yet seen)
+        _release_device_memory(cfg.device)
 
 
 @dataclass

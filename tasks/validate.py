@@ -75,6 +75,15 @@ class RuntimeInfo:
     init_inputs: list[str] = field(default_factory=list)
 
 
+def _reraise_device_oom(e: BaseException) -> None:
+    """A device out-of-memory error (torch.OutOfMemoryError) is raised as it is: it says what else runs on the GPU,
+    not what the task is (tasks.filtering checks such a task again)."""
+    import torch
+
+    if isinstance(e, torch.OutOfMemoryError):
+        raise e
+
+
 def _exc_summary(e: BaseException, origin: str) -> str:
     """`Type: message (at line N)` using the deepest frame inside the reference source."""
     line = ""
@@ -115,7 +124,8 @@ def load_checked(source: str, origin: str):
 
 
 def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, input_seed: int | None = None):
-    """Instantiate and run once; returns (model, inputs, output leaves). Raises TaskValidationError."""
+    """Instantiate and run once; returns (model, inputs, output leaves). Raises TaskValidationError, or
+    torch.OutOfMemoryError when the device ran out of memory."""
     import torch
 
     try:
@@ -123,11 +133,13 @@ def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, in
         init = mod.get_init_inputs()
         model = mod.Model(*init)
     except Exception as e:
+        _reraise_device_oom(e)
         raise TaskValidationError(origin, "init_error", _exc_summary(e, origin)) from None
     try:
         torch.manual_seed(seed if input_seed is None else input_seed)
         inputs = mod.get_inputs()
     except Exception as e:
+        _reraise_device_oom(e)
         raise TaskValidationError(origin, "inputs_error", _exc_summary(e, origin)) from None
     if not isinstance(inputs, (list, tuple)):
         raise TaskValidationError(origin, "inputs_error", f"get_inputs() returned {type(inputs).__name__}")
@@ -139,6 +151,7 @@ def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, in
         with torch.no_grad():
             out = model(*inputs)
     except Exception as e:
+        _reraise_device_oom(e)
         raise TaskValidationError(origin, "forward_error", _exc_summary(e, origin)) from None
     leaves = ref.flatten_outputs(out)
     bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]

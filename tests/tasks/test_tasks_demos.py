@@ -136,7 +136,8 @@ def test_every_cubin_demo_is_correct_on_the_gpu(demos, tasks_by_id):
     """On an H200: every cubin demo verified at the task's own size (GPU-sized tasks at full size). The demos are
     built first on a thread pool (one nvcc per core) into the evaluators' shared build cache, so each evaluation's
     build is a cache hit; then 2 evaluators verify them side by side (no profiling here, so they may share the
-    GPU; with 4, GPU-sized tasks of up to 16 GiB eager footprint ran out of the H200's 140 GiB)."""
+    GPU; with 4, GPU-sized tasks of up to 16 GiB eager footprint ran out of the H200's 140 GiB; with 2, one demo of
+    100 did once: internal errors are evaluated again, alone, as the service retries them)."""
     import os
 
     from sandbox.build import build
@@ -162,17 +163,25 @@ def test_every_cubin_demo_is_correct_on_the_gpu(demos, tasks_by_id):
         with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
             list(pool.map(prebuild, enumerate(cubin)))
 
-        def verify(k: int) -> list[str]:
+        def verify(k: int, which: list) -> list:
             bad = []
-            for d in cubin[k::len(evs)]:
+            for d in which:
                 res = evs[k].evaluate(tasks_by_id[d.task_id], d.files, "cubin")
                 print(f"{d.task_id}/{d.variant}: {res.status} {sum(res.stage_ms.values()) / 1e3:.1f} s", flush=True)
                 if res.status != "ok":
-                    bad.append(f"{d.task_id}/{d.variant}: {res.status}: {res.message[:300]}")
+                    bad.append((d, f"{d.task_id}/{d.variant}: {res.status}: {res.message[:300]}", res.status))
             return bad
 
         with ThreadPoolExecutor(max_workers=len(evs)) as pool:
-            failures = [f for fs in pool.map(verify, range(len(evs))) for f in fs]
+            first = [b for bs in pool.map(verify, range(len(evs)), [cubin[k::len(evs)] for k in range(len(evs))])
+                     for b in bs]
+        # an internal error (on the H200: the two evaluators' GPU-sized tasks together ran out of device memory) is
+        # evaluated once more, alone, as the sandbox service does (ServiceConfig.internal_error_retries)
+        again = [d for d, _, status in first if status == "internal_error"]
+        if again:
+            print(f"again, alone: {[f'{d.task_id}/{d.variant}' for d in again]}", flush=True)
+        failures = [msg for _, msg, status in first if status != "internal_error"]
+        failures += [msg for _, msg, _ in verify(0, again)]
     finally:
         for ev in evs:
             ev.close()

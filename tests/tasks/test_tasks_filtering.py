@@ -146,3 +146,53 @@ def test_pool_gives_up_when_workers_cannot_start(monkeypatch):
 
 def _die_at_start(conn, cfg_dict, slot=0):
     raise SystemExit(3)
+
+
+def test_device_out_of_memory_is_checked_again_then_not_a_verdict_on_the_task():
+    """A torch.OutOfMemoryError (the device's memory taken by other workers on the GPU) is not forward_error: the
+    check runs again oom_retries times, then the verdict is out_of_memory; a task whose own forward raises any other
+    error stays forward_error."""
+    oom = make('raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")')
+    v = check_task(oom, FilterConfig(**FAST, oom_retries=1))
+    assert not v.accepted and v.reason == "out_of_memory" and v.oom_retries == 1, (v.reason, v.detail)
+    assert "Tried to allocate" in v.detail
+    v = check_task(oom, FilterConfig(**FAST, oom_retries=0))
+    assert v.reason == "out_of_memory" and v.oom_retries == 0
+    v = check_task(make('raise RuntimeError("out of memory")'), FilterConfig(**FAST))
+    assert v.reason == "forward_error" and v.oom_retries == 0, (v.reason, v.detail)
+
+
+def test_timing_waits_for_the_gpu_lock_and_flags_a_timing_taken_without_it(tmp_path):
+    """The timed sections take the GPU's timing lock (sandbox.service_lock) exclusively: held by another process,
+    the timing waits timing_lock_timeout_s, then runs anyway and the verdict says contended."""
+    import multiprocessing as mp
+    import time
+
+    from sandbox.service_lock import DeviceTimingLock
+    from tasks.filtering import Verdict, _timed_ms
+
+    lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path)
+    cfg = FilterConfig(**FAST, timing_lock_timeout_s=0.3, min_reps=1, max_reps=1, warmup=0)
+    v = Verdict(task_id="t", accepted=False)
+    _timed_ms(lock, v, lambda: None, "cpu", cfg)
+    assert not v.contended  # free: held for the section
+    ready, release = mp.get_context("spawn").Event(), mp.get_context("spawn").Event()
+    holder = mp.get_context("spawn").Process(target=_hold_lock, args=(str(tmp_path), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        t0 = time.monotonic()
+        _timed_ms(lock, v, lambda: None, "cpu", cfg)
+        assert v.contended and time.monotonic() - t0 >= 0.3
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def _hold_lock(lock_dir: str, ready, release) -> None:
+    from sandbox.service_lock import DeviceTimingLock
+
+    with DeviceTimingLock("gpu-test", lock_dir=lock_dir).timing(5.0) as st:
+        assert st.acquired
+        ready.set()
+        release.wait(60)
