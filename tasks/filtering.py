@@ -23,6 +23,7 @@ entry point for timing a bare reference yet; when it gains one, only `FilterPool
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
@@ -548,21 +549,42 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
                 v.compile_ms = _timed_ms(lock, v, lambda: compiled(*inputs), device, cfg)
 
 
-def _shared(lock: Any) -> Any:
-    """The GPU's timing lock held shared (untimed GPU work), or nothing (CPU, lock off)."""
-    import contextlib
-
-    return lock.shared() if lock is not None else contextlib.nullcontext()
+@contextlib.contextmanager
+def _shared(lock: Any) -> Iterator[None]:
+    """The GPU's timing lock held shared (untimed GPU work), or nothing (CPU, lock off, or lock files this user
+    may not open: the work runs anyway)."""
+    if lock is None:
+        yield
+        return
+    try:
+        section = lock.shared()
+        section.__enter__()
+    except OSError:  # e.g. the lock folder belongs to another user (sandbox nodes running under their own uid)
+        yield
+        return
+    try:
+        yield
+    finally:
+        section.__exit__(None, None, None)
 
 
 def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,
               stop_above_ms: float | None = None) -> float:
-    """time_call_ms under the GPU's timing lock held exclusively (v.contended when it could not be had)."""
+    """time_call_ms under the GPU's timing lock held exclusively (v.contended when it could not be had, or its
+    files could not be opened)."""
     if lock is None:
         return time_call_ms(fn, device, cfg, stop_above_ms)
-    with lock.timing(cfg.timing_lock_timeout_s) as st:
+    try:
+        section = lock.timing(cfg.timing_lock_timeout_s)
+        st = section.__enter__()
+    except OSError:
+        v.contended = True
+        return time_call_ms(fn, device, cfg, stop_above_ms)
+    try:
         v.contended = v.contended or not st.acquired
         return time_call_ms(fn, device, cfg, stop_above_ms)
+    finally:
+        section.__exit__(None, None, None)
 
 
 # -------------------------------------------------------------------------------------------------- the pool

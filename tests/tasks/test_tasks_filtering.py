@@ -196,3 +196,20 @@ def _hold_lock(lock_dir: str, ready, release) -> None:
         assert st.acquired
         ready.set()
         release.wait(60)
+
+
+def test_lock_files_that_cannot_be_opened_do_not_stop_the_filter(tmp_path):
+    """Lock files this user may not open (here: the lock folder's path is a file) leave the work running: untimed
+    sections without the lock, timed ones flagged contended."""
+    from sandbox.service_lock import DeviceTimingLock
+    from tasks.filtering import Verdict, _shared, _timed_ms
+
+    (tmp_path / "locks").write_text("not a folder")
+    lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path / "locks")
+    cfg = FilterConfig(**FAST, min_reps=1, max_reps=1, warmup=0)
+    ran = []
+    with _shared(lock):
+        ran.append(1)
+    v = Verdict(task_id="t", accepted=False)
+    assert _timed_ms(lock, v, lambda: ran.append(2), "cpu", cfg) >= 0
+    assert ran == [1, 2] and v.contended
