@@ -141,7 +141,7 @@ def main() -> None:
     console.print(r)
     # what the filter's own failures and the forward errors were (the first line of up to 3 distinct details each):
     # a rejection count alone does not say whether the task or the machine failed
-    for reason in ("internal_error", "forward_error", "timeout"):
+    for reason in ("internal_error", "out_of_memory", "forward_error", "timeout"):
         seen: list[str] = []
         for row in rows:
             first = (row.get("detail") or "").strip().splitlines()[:1]

@@ -563,8 +563,8 @@ class Worker:
         else:
             # calibrate's no-op runs unguarded. Through the guarded path (tried 2026-12-02), the solution's later
             # calls on the CPU backend took twice as long (2.6 -> 6 ms a call, elementwise_chain fast: a heap effect
-            # not understood yet); on the H200 the calibration error was the per-call extrapolation, not the guard
-            # (the guard's cost falls inside the timed loop, which is not calibrated).
+            # not understood yet). The guard's own cost falls inside the timed loop, which calibration does not
+            # subtract.
             def once(inputs: tuple) -> Any:
                 guards.append(None)
                 return fn(inputs)

@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -96,7 +97,11 @@ class FilterConfig:
       timing_lock: device "cuda": time under the GPU's timing lock (sandbox.service_lock, the one the sandbox nodes
         take), holding it shared around the rest of a task's GPU work, so that workers sharing a GPU time eager
         and torch.compile alone. A timing that could not have the lock is flagged (Verdict.contended).
-      timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), s.
+      timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), and an
+        untimed one before running anyway, s (the sandbox node's own timing timeout is 10 s). Lock waits count
+        against task_timeout_s.
+      timing_lock_dir: the lock files' folder; "" = sandbox.service_lock's default (give the nodes' own when they
+        are configured with another).
       oom_retries: a task whose check runs the device out of memory is checked again this many times (after the
         worker empties torch's cache and waits 1-3 s: workers sharing a GPU come and go); then out_of_memory.
     """
@@ -122,7 +127,8 @@ class FilterConfig:
     autosize: bool = False
     autosize_rounds: int = 3
     timing_lock: bool = True
-    timing_lock_timeout_s: float = 60.0
+    timing_lock_timeout_s: float = 10.0
+    timing_lock_dir: str = ""
     oom_retries: int = 2
 
     def __post_init__(self) -> None:
@@ -323,7 +329,8 @@ def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | No
         variant = "".join(lines[: first - 1] + lines[last:])
         try:
             mod = load_checked(variant, f"<{task.id} without op {j}>")
-            _, _, outs = build_and_run(mod, f"<{task.id} without op {j}>", seed=0, device=device)
+            _, _, outs = build_and_run(mod, f"<{task.id} without op {j}>", seed=0, device=device,
+                                       raise_oom=device == "cuda")
         except TaskValidationError:
             continue  # removing it breaks the program: it has an effect
         if _changed_fraction(base, outs) == 0.0 and len(outs) == len(base):
@@ -401,28 +408,34 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     base_ms: float | None = None
     tried = [dict(task.shape_params)]
     while True:
-        for attempt in range(cfg.oom_retries + 1):
+        # a device out-of-memory error is checked again (an autosize round's is the size's fault: no retry)
+        retries = cfg.oom_retries if cfg.device == "cuda" and rounds == 0 else 0
+        for attempt in range(retries + 1):
             v = Verdict(task_id=task.id, accepted=False, oom_retries=attempt)
+            oom = False
             try:
                 _check_task(current, cfg, v)
                 v.accepted = True
             except _Reject as r:
                 v.reason, v.detail = r.reason, r.detail[:500]
             except Exception as e:  # noqa: BLE001 - a filter bug must not take the pool down
-                if _is_oom(e):
-                    v.reason, v.detail = "out_of_memory", f"{type(e).__name__}: {str(e)[:400]}"
-                    _release_device_memory(cfg.device)
-                    if attempt < cfg.oom_retries:
-                        time.sleep(random.uniform(1.0, 3.0))
-                        continue
-                else:
-                    v.reason, v.detail = "internal_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"
+                oom = cfg.device == "cuda" and _is_oom(e)
+                v.reason = "out_of_memory" if oom else "internal_error"
+                v.detail = _describe(e, with_traceback=not oom)
+            # out of the except clause: its traceback (and the task's tensors in its frames) is gone, so the
+            # cache can go back to the GPU while this worker waits
+            if oom:
+                _release_device_memory(cfg.device)
+                if attempt < retries:
+                    time.sleep(random.uniform(1.0, 3.0))
+                    continue
             break
         if rounds == 0 and v.reason == "too_fast":
             base_ms = v.eager_ms
-        wants = (v.reason == "too_fast" or (v.reason == "too_slow" and rounds > 0))
+        # a re-sized task that ran the GPU out of memory is too big: re-sized toward a lower target, as a slow one
+        wants = (v.reason == "too_fast" or (v.reason in ("too_slow", "out_of_memory") and rounds > 0))
         if cfg.autosize and task.shape_params and base_ms and wants and rounds < cfg.autosize_rounds:
-            if v.reason == "too_slow":
+            if v.reason in ("too_slow", "out_of_memory"):
                 target /= 4
             try:
                 from tasks.sizing import CPU_CORE, H200, resize_for_target
@@ -448,10 +461,36 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
 
 
 def _is_oom(e: BaseException) -> bool:
-    """A device out-of-memory error (torch.OutOfMemoryError; a task that exhausts host memory is its own fault)."""
+    """A device out-of-memory error: torch.OutOfMemoryError, also as the cause of another (torch.compile wraps it in
+    BackendCompilerFailed, whose `inner_exception` it is). A task that exhausts host memory is its own fault."""
     import torch
 
-    return isinstance(e, torch.OutOfMemoryError)
+    seen: set[int] = set()
+    todo: list = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen or len(seen) > 16:
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.OutOfMemoryError):
+            return True
+        inner = getattr(x, "inner_exception", None)
+        todo += [x.__cause__, x.__context__, inner if isinstance(inner, BaseException) else None]
+    return False
+
+
+def _describe(e: BaseException, with_traceback: bool) -> str:
+    """'Type: message' (and the traceback's end), even for an exception whose __str__ raises (task code's own)."""
+    try:
+        text = f"{type(e).__name__}: {str(e)[:400]}"
+    except Exception:  # noqa: BLE001
+        text = f"{type(e).__name__}: (its message could not be read)"
+    if with_traceback:
+        try:
+            text += "\n" + traceback.format_exc()[-800:]
+        except Exception:  # noqa: BLE001
+            pass
+    return text
 
 
 def _release_device_memory(device: str) -> None:
@@ -467,6 +506,16 @@ def _release_device_memory(device: str) -> None:
 
 
 _LOCKS: dict[int, Any] = {}
+_LOCK_WARNED: set[str] = set()
+
+
+def _warn_lock(lock: Any, e: OSError) -> None:
+    """Once per lock and process: its files could not be opened, so neither this worker's timings nor the sandbox
+    nodes' are protected from each other (run the filter as the nodes' user, or give it their lock folder)."""
+    if lock.key not in _LOCK_WARNED:
+        _LOCK_WARNED.add(lock.key)
+        print(f"tasks.filtering: cannot open the timing lock {lock.dir}/{lock.key}.*: {e}; timing without it "
+              "(verdicts flagged contended)", file=sys.stderr, flush=True)
 
 
 def _device_lock(cfg: FilterConfig) -> Any:
@@ -480,7 +529,8 @@ def _device_lock(cfg: FilterConfig) -> Any:
     idx = torch.cuda.current_device()
     if idx not in _LOCKS:
         visible = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-        _LOCKS[idx] = DeviceTimingLock(gpu_device_key(visible[idx] if idx < len(visible) else idx))
+        _LOCKS[idx] = DeviceTimingLock(gpu_device_key(visible[idx] if idx < len(visible) else idx),
+                                       **({"lock_dir": cfg.timing_lock_dir} if cfg.timing_lock_dir else {}))
     return _LOCKS[idx]
 
 
@@ -503,11 +553,11 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
     origin = origin_of(task)
     lock = _device_lock(cfg)
     # the GPU work but the timed sections runs holding the GPU's timing lock shared (a timer waits for it)
-    with _shared(lock):
+    with _shared(lock, cfg):
         try:
             mod = load_checked(task.reference, origin)
-            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device)
-            _, _, out2 = build_and_run(mod, origin, seed=0, device=device)
+            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device, raise_oom=device == "cuda")
+            _, _, out2 = build_and_run(mod, origin, seed=0, device=device, raise_oom=device == "cuda")
         except TaskValidationError as e:
             raise _Reject(e.problem, e.detail) from None
         v.output_shapes = [list(o.shape) for o in out1]
@@ -533,16 +583,16 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
             if v.eager_ms > hi:
                 raise _Reject("too_slow", f"eager {v.eager_ms:.3g} ms > {hi:g} ms")
         if cfg.check_compile:
-            with _shared(lock):
+            with _shared(lock, cfg):
                 try:
                     compiled = torch.compile(model)
                     outc = run_reference(compiled, inputs)
                 except Exception as e:  # noqa: BLE001
-                    if _is_oom(e):
+                    if device == "cuda" and _is_oom(e):
                         raise
                     msg = str(e).strip().splitlines()
                     raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
-            ok, why = _allclose(out1, outc, task.atol, task.rtol)
+                ok, why = _allclose(out1, outc, task.atol, task.rtol)
             if not ok:
                 raise _Reject("compile_mismatch", why)
             if cfg.check_timing:
@@ -550,16 +600,18 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
 
 
 @contextlib.contextmanager
-def _shared(lock: Any) -> Iterator[None]:
-    """The GPU's timing lock held shared (untimed GPU work), or nothing (CPU, lock off, or lock files this user
-    may not open: the work runs anyway)."""
+def _shared(lock: Any, cfg: FilterConfig) -> Iterator[None]:
+    """The GPU's timing lock held shared (untimed GPU work), or nothing: CPU, lock off, a timer that kept it past
+    timing_lock_timeout_s (the work runs anyway, and that timer's result is the one flagged), or lock files this
+    user may not open (warned once)."""
     if lock is None:
         yield
         return
     try:
-        section = lock.shared()
+        section = lock.shared(cfg.timing_lock_timeout_s)
         section.__enter__()
-    except OSError:  # e.g. the lock folder belongs to another user (sandbox nodes running under their own uid)
+    except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes running under their own uid)
+        _warn_lock(lock, e)
         yield
         return
     try:
@@ -577,7 +629,8 @@ def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,
     try:
         section = lock.timing(cfg.timing_lock_timeout_s)
         st = section.__enter__()
-    except OSError:
+    except OSError as e:
+        _warn_lock(lock, e)
         v.contended = True
         return time_call_ms(fn, device, cfg, stop_above_ms)
     try:
@@ -814,7 +867,8 @@ def accepted_task(task: Task, v: Verdict, cfg: FilterConfig) -> Task:
     if v.compile_ms is not None:
         meta["compile_ms"] = round(v.compile_ms, 4)
     if cfg.device == "cuda" and v.eager_ms is not None:  # a GPU-sized task measured on its GPU
-        meta.update(gpu_timing_status="measured", gpu_name=v.device_name, eager_ms_source="measured")
+        meta.update(gpu_timing_status="contended" if v.contended else "measured", gpu_name=v.device_name,
+                    eager_ms_source="measured")
     return task.replace(metadata=meta)
 
 

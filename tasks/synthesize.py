@@ -139,6 +139,8 @@ class Synthesizer:
         out.parent.mkdir(parents=True, exist_ok=True)
         state = _read_state(spath)
         accepted_tasks = load_jsonl(out) if out.exists() else []
+        # a candidate that ran the device out of memory on every try is composed and checked again on resume
+        state = [r for r in state if r.get("reason") != "out_of_memory"]
         done_idx = {int(r["index"]) for r in state}
         rep = SynthesisReport(accepted=len(accepted_tasks), candidates=len(state),
                               reasons=dict(Counter(r["reason"] for r in state if not r["accepted"])),
@@ -159,7 +161,8 @@ class Synthesizer:
         def record(idx: int, task: Task | None, category: str, depth: int, v: Verdict) -> None:
             row = {"index": idx, "task_id": v.task_id, "category": category, "depth": depth,
                    "accepted": v.accepted, "reason": v.reason, "detail": v.detail[:300],
-                   "eager_ms": v.eager_ms, "compile_ms": v.compile_ms, "check_s": round(v.check_s, 3)}
+                   "eager_ms": v.eager_ms, "compile_ms": v.compile_ms, "check_s": round(v.check_s, 3),
+                   "contended": v.contended, "oom_retries": v.oom_retries}
             _append(spath, json.dumps(row))
             rep.candidates += 1
             rep.run_candidates += 1

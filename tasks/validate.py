@@ -75,12 +75,12 @@ class RuntimeInfo:
     init_inputs: list[str] = field(default_factory=list)
 
 
-def _reraise_device_oom(e: BaseException) -> None:
-    """A device out-of-memory error (torch.OutOfMemoryError) is raised as it is: it says what else runs on the GPU,
-    not what the task is (tasks.filtering checks such a task again)."""
+def _reraise_device_oom(e: BaseException, wanted: bool) -> None:
+    """With `wanted`, a device out-of-memory error (torch.OutOfMemoryError) is raised as it is: it says what else
+    runs on the GPU, not what the task is (tasks.filtering checks such a task again)."""
     import torch
 
-    if isinstance(e, torch.OutOfMemoryError):
+    if wanted and isinstance(e, torch.OutOfMemoryError):
         raise e
 
 
@@ -123,9 +123,11 @@ def load_checked(source: str, origin: str):
     return mod
 
 
-def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, input_seed: int | None = None):
-    """Instantiate and run once; returns (model, inputs, output leaves). Raises TaskValidationError, or
-    torch.OutOfMemoryError when the device ran out of memory."""
+def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, input_seed: int | None = None,
+                  raise_oom: bool = False):
+    """Instantiate and run once; returns (model, inputs, output leaves). Raises TaskValidationError; with
+    raise_oom, a torch.OutOfMemoryError is raised as it is (tasks.filtering on a GPU: other workers may hold the
+    memory), else it is the task's init / inputs / forward error like any other."""
     import torch
 
     try:
@@ -133,13 +135,13 @@ def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, in
         init = mod.get_init_inputs()
         model = mod.Model(*init)
     except Exception as e:
-        _reraise_device_oom(e)
+        _reraise_device_oom(e, raise_oom)
         raise TaskValidationError(origin, "init_error", _exc_summary(e, origin)) from None
     try:
         torch.manual_seed(seed if input_seed is None else input_seed)
         inputs = mod.get_inputs()
     except Exception as e:
-        _reraise_device_oom(e)
+        _reraise_device_oom(e, raise_oom)
         raise TaskValidationError(origin, "inputs_error", _exc_summary(e, origin)) from None
     if not isinstance(inputs, (list, tuple)):
         raise TaskValidationError(origin, "inputs_error", f"get_inputs() returned {type(inputs).__name__}")
@@ -151,7 +153,7 @@ def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, in
         with torch.no_grad():
             out = model(*inputs)
     except Exception as e:
-        _reraise_device_oom(e)
+        _reraise_device_oom(e, raise_oom)
         raise TaskValidationError(origin, "forward_error", _exc_summary(e, origin)) from None
     leaves = ref.flatten_outputs(out)
     bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
