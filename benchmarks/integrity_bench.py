@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -65,6 +66,48 @@ for line in sys.stdin:
                       "log": [x for x in getattr(r, "log", []) if "profile" in x][-8:]}), flush=True)
 ev.close()
 """
+
+
+_CALIB = re.compile(r"harness ([0-9.]+) ms per request \+ ([0-9.]+) ms per timed call")
+_PART = re.compile(r"(\w+) (-?[0-9.]+|nan) ms")
+_SHORT = re.compile(r"median shortfall (-?[0-9.]+) ms")
+
+
+def parts_table(raw: dict, tasks: list[str]) -> Table:
+    """The "with" side's profile logs per task: the calibrated costs (fixed per request, per call) against the
+    candidate harness's own report of its time requests (pipe + checks, between calls), the median shortfall
+    charged per repetition, the speed-up and the rewards; each cell "min-max" over the evaluations (a diagnostic:
+    see "Where a time request's wall clock goes" in RESULTS.md)."""
+    table = Table(title="with the defences: calibrated costs against the time requests (min-max over evaluations)")
+    for col in ("task", "fixed ms", "pipe+checks ms", "per call ms", "between ms/call", "shortfall ms/rep",
+                "speed-up", "rewards"):
+        table.add_column(col, justify="right")
+
+    def span(v: list[float]) -> str:
+        return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+
+    for t in tasks:
+        cols: dict[str, list[float]] = {k: [] for k in ("fixed", "pc", "call", "between", "short", "speedup")}
+        rewards = []
+        for r in raw[t]["with"]:
+            rewards.append(f"{r['reward']:g}")
+            if r.get("speedup_eager"):
+                cols["speedup"].append(r["speedup_eager"][1])
+            for line in r.get("log", []):
+                if (m := _CALIB.search(line)) and "calibrated before" in line:
+                    cols["fixed"].append(float(m.group(1)))
+                    cols["call"].append(float(m.group(2)))
+                elif "candidate time requests" in line:
+                    parts = {k: float(v) for k, v in _PART.findall(line.split(":", 2)[-1])}
+                    if "pipe" in parts and "checks" in parts:
+                        cols["pc"].append(parts["pipe"] + parts["checks"])
+                    if "between_per_call" in parts:
+                        cols["between"].append(parts["between_per_call"])
+                elif m := _SHORT.search(line):
+                    cols["short"].append(float(m.group(1)))
+        table.add_row(t, *(span(cols[k]) for k in ("fixed", "pc", "call", "between", "short", "speedup")),
+                      " ".join(rewards))
+    return table
 
 
 def _extract(rev: str, dest: Path) -> None:
@@ -148,7 +191,9 @@ def main() -> None:
     tot0 = sum(statistics.median(r["wall_ms"] for r in raw[t]["without"]) for t in tasks)
     tot1 = sum(statistics.median(r["wall_ms"] for r in raw[t]["with"]) for t in tasks)
     table.add_row("geomean / sum", f"{tot0:.0f}", f"{tot1:.0f}", f"{gm:.2f} / {tot1 / tot0:.2f}", "", "")
-    Console().print(table)
+    console = Console(width=160)  # logs on the GPU host are not a terminal: no truncated task names
+    console.print(table)
+    console.print(parts_table(raw, tasks))
     if a.json:
         Path(a.json).write_text(json.dumps(raw, indent=1))
 
