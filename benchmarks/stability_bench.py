@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                            "cache_dir": str(root / "cache"), "work_root": str(root / "ws"), **extra})
     console = Console(width=160)
     raw: dict[str, list[dict]] = {}
+    summaries: dict[str, dict] = {}
     with Evaluator(cfg) as ev:
         for d in demos:
             task = by_id[d.task_id] if cuda else builtin.at_cpu_size(by_id[d.task_id])
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             warm = one_eval(ev, task, d, a.format)  # build, reference and baselines' first calls
             rows = [one_eval(ev, task, d, a.format) for _ in range(a.evals)]
             raw[key] = [dict(warm, warmup=True)] + rows
-            s = summarise(rows)
+            s = summaries[key] = summarise(rows)
             lo, hi = (f"{x:.2f}" if x is not None else "-" for x in (s["speedup_min"], s["speedup_max"]))
             console.print(f"{key}: {s['statuses']} speed-up {lo}..{hi} rewards {s['rewards']} "
                           f"({s['wall_s']:.1f} s per evaluation)")
@@ -121,8 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                 "shortfall ms/rep", "eval s"):
         table.add_column(col, justify="right")
     f = lambda x, p=3: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    for key, rows in raw.items():
-        s = summarise([r for r in rows if not r.get("warmup")])
+    for key, s in summaries.items():
         table.add_row(key, f(s["eager_ms"]), f"{f(s['speedup_min'], 2)} / {f(s['speedup_median'], 2)} / "
                       f"{f(s['speedup_max'], 2)}", f(s["speedup_cv"], 2), " ".join(f"{x:g}" for x in s["rewards"]),
                       " ".join(str(x) for x in s["reps"]), f(s["shortfall_ms"], 2), f(s["wall_s"], 1))
