@@ -23,7 +23,6 @@ entry point for timing a bare reference yet; when it gains one, only `FilterPool
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
@@ -293,13 +292,16 @@ def _perturbed_forward(model, inputs, target: int, scale: float):
     return outs, state["i"] + 1, state["name"]
 
 
-def _check_liveness(model, inputs, base: list, cfg: FilterConfig) -> None:
+def _check_liveness(model, inputs, base: list, cfg: FilterConfig, pause: Any = None) -> None:
+    """pause(): called between forwards (the GPU's timing lock let go while a timer waits, _SharedGpu.pause)."""
     import torch
 
     from tasks.reference import run_reference
 
+    pause = pause or (lambda: None)
     gen = torch.Generator().manual_seed(99)
     for i, x in enumerate(inputs):
+        pause()
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             moved = list(inputs)
             moved[i] = _noise_like(x, cfg.perturb_scale, gen)
@@ -308,14 +310,16 @@ def _check_liveness(model, inputs, base: list, cfg: FilterConfig) -> None:
                 raise _Reject("input_unused", f"perturbing input {i} changes {frac:.2%} of the output")
     _, n_ops, _ = _perturbed_forward(model, inputs, -1, cfg.perturb_scale)
     for k in range(n_ops):
+        pause()
         outs, _, name = _perturbed_forward(model, inputs, k, cfg.perturb_scale)
         frac = _changed_fraction(base, outs)
         if frac < cfg.min_live_fraction:
             raise _Reject("dead_op", f"perturbing the result of aten.{name} (op #{k}) changes {frac:.2%} of the output")
 
 
-def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | None) -> None:
-    """Synthesized tasks record each operator's source lines: drop each shape-preserving one in turn."""
+def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | None, pause: Any = None) -> None:
+    """Synthesized tasks record each operator's source lines: drop each shape-preserving one in turn (pause():
+    as in _check_liveness)."""
     from tasks.validate import TaskValidationError, build_and_run, load_checked
 
     spans = task.metadata.get("op_lines")
@@ -326,6 +330,8 @@ def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | No
     for j, ((first, last), preserves) in enumerate(zip(spans, keep)):
         if not preserves:
             continue
+        if pause is not None:
+            pause()
         variant = "".join(lines[: first - 1] + lines[last:])
         try:
             mod = load_checked(variant, f"<{task.id} without op {j}>")
@@ -553,7 +559,7 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
     origin = origin_of(task)
     lock = _device_lock(cfg)
     # the GPU work but the timed sections runs holding the GPU's timing lock shared (a timer waits for it)
-    with _shared(lock, cfg):
+    with _shared(lock, cfg) as share:
         try:
             mod = load_checked(task.reference, origin)
             model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device, raise_oom=device == "cuda")
@@ -572,8 +578,8 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
             v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
         _check_outputs(out1, cfg)
         if cfg.check_dead:
-            _check_liveness(model, inputs, out1, cfg)
-            _check_no_effect(task, out1, cfg, device)
+            _check_liveness(model, inputs, out1, cfg, share.pause)
+            _check_no_effect(task, out1, cfg, device, share.pause)
     lo, hi = cfg.window
     with torch.no_grad():
         if cfg.check_timing:
@@ -599,25 +605,50 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
                 v.compile_ms = _timed_ms(lock, v, lambda: compiled(*inputs), device, cfg)
 
 
-@contextlib.contextmanager
-def _shared(lock: Any, cfg: FilterConfig) -> Iterator[None]:
-    """The GPU's timing lock held shared (untimed GPU work), or nothing: CPU, lock off, a timer that kept it past
-    timing_lock_timeout_s (the work runs anyway, and that timer's result is the one flagged), or lock files this
-    user may not open (warned once)."""
-    if lock is None:
-        yield
-        return
-    try:
-        section = lock.shared(cfg.timing_lock_timeout_s)
-        section.__enter__()
-    except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes running under their own uid)
-        _warn_lock(lock, e)
-        yield
-        return
-    try:
-        yield
-    finally:
-        section.__exit__(None, None, None)
+class _SharedGpu:
+    """The GPU's timing lock held shared over a task's untimed GPU work (a context manager), or nothing: CPU, lock
+    off, a timer that kept it past timing_lock_timeout_s (the work runs anyway; that timer's result is the one
+    flagged), or lock files this user may not open (warned once). `pause()`, between two forwards: while a timer
+    waits for the lock, it is let go and taken again, so a sandbox node on the same GPU waits for one forward of
+    the filter's, not for its whole pass."""
+
+    def __init__(self, lock: Any, cfg: FilterConfig):
+        self.lock, self.timeout_s = lock, cfg.timing_lock_timeout_s
+        self.section: Any = None
+
+    def _take(self) -> None:
+        if self.lock is None:
+            return
+        try:
+            section = self.lock.shared(self.timeout_s)
+            section.__enter__()
+        except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes under their own uid)
+            _warn_lock(self.lock, e)
+            self.lock = None
+            return
+        self.section = section
+
+    def _release(self) -> None:
+        section, self.section = self.section, None
+        if section is not None:
+            section.__exit__(None, None, None)
+
+    def __enter__(self) -> "_SharedGpu":
+        self._take()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._release()
+
+    def pause(self) -> None:
+        if self.section is not None and self.lock.timing_requested():
+            self._release()
+            self._take()
+
+
+def _shared(lock: Any, cfg: FilterConfig) -> _SharedGpu:
+    """_SharedGpu(lock, cfg)."""
+    return _SharedGpu(lock, cfg)
 
 
 def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,

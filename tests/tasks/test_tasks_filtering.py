@@ -263,3 +263,44 @@ def test_lock_files_that_cannot_be_opened_do_not_stop_the_filter(tmp_path):
     v = Verdict(task_id="t", accepted=False)
     _timed_ms(lock, v, lambda: ran.append(2), "cpu", cfg)
     assert ran == [1, 2] and v.contended
+
+
+def test_untimed_gpu_work_lets_a_waiting_timer_in_between_two_forwards(tmp_path):
+    """While the filter holds the GPU's lock shared over its liveness pass, a sandbox node's timer that asks for the
+    lock gets it at the filter's next pause (between two forwards), not at the end of the pass; the filter then
+    waits for the timer's section and carries on with the lock held again."""
+    import multiprocessing as mp
+    import time
+
+    from sandbox.service_lock import DeviceTimingLock
+    from tasks.filtering import _shared
+
+    lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path)
+    cfg = FilterConfig(**FAST, timing_lock_timeout_s=20.0)
+    ctx = mp.get_context("spawn")
+    got = ctx.Queue()
+    with _shared(lock, cfg) as share:
+        timer = ctx.Process(target=_time_under_lock, args=(str(tmp_path), 0.3, got))
+        timer.start()
+        deadline = time.monotonic() + 60
+        while not lock.timing_requested():
+            assert time.monotonic() < deadline, "the timer never asked for the lock"
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        share.pause()
+        waited_s = time.monotonic() - t0
+        assert share.section is not None  # held again
+        acquired, wait_ms = got.get(timeout=30)
+    timer.join(30)
+    assert acquired and waited_s >= 0.25, (acquired, wait_ms, waited_s)
+    share.pause()  # nobody waits (and the section is closed): nothing happens
+
+
+def _time_under_lock(lock_dir: str, hold_s: float, got) -> None:
+    import time
+
+    from sandbox.service_lock import DeviceTimingLock
+
+    with DeviceTimingLock("gpu-test", lock_dir=lock_dir).timing(20.0) as st:
+        time.sleep(hold_s)
+    got.put((st.acquired, st.wait_ms))
