@@ -71,12 +71,9 @@ def sampler_timing_lock(mode: str = "auto", lock_dir: str | None = None) -> Any:
 
         if jax.default_backend() != "gpu":
             return None
-    import os
+    from sandbox.service_lock import DEFAULT_LOCK_DIR, DeviceTimingLock, visible_gpu_key
 
-    from sandbox.service_lock import DEFAULT_LOCK_DIR, DeviceTimingLock, gpu_device_key
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    return DeviceTimingLock(gpu_device_key(visible), lock_dir or DEFAULT_LOCK_DIR)
+    return DeviceTimingLock(visible_gpu_key(0), lock_dir or DEFAULT_LOCK_DIR)
 
 
 def jax_policy_from_update(update, model_config, sampler_config, detokenize=None, seed: int = 0,

@@ -562,9 +562,9 @@ class Worker:
                 return out
         else:
             # calibrate's no-op runs unguarded. Through the guarded path (tried 2026-12-02), the solution's later
-            # calls on the CPU backend took twice as long (2.6 -> 6 ms a call, elementwise_chain fast: a heap effect
-            # not understood yet). The guard's own cost falls inside the timed loop, which calibration does not
-            # subtract.
+            # calls on the CPU backend took about twice as long (2.5-2.8 -> 4.7-6.0 ms a call, elementwise_chain
+            # fast: a heap effect not understood yet). The guard's own cost falls inside the timed loop, which
+            # calibration does not subtract.
             def once(inputs: tuple) -> Any:
                 guards.append(None)
                 return fn(inputs)

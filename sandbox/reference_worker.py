@@ -63,6 +63,7 @@ import math
 import os
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -825,8 +826,11 @@ def calls_per_rep(cfg: SandboxConfig, one_ms: float, in_bytes: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- one job
-def _verify_threads(cfg: SandboxConfig) -> int:
-    """SandboxConfig.verify_threads, 0 resolved to the cores this process may run on."""
+def _compare_threads(cfg: SandboxConfig, cuda: bool) -> int:
+    """torch threads for comparing outputs: on a GPU host SandboxConfig.verify_threads (0: the cores this process
+    may run on); on the CPU backend cpu_threads (the baselines' footing)."""
+    if not cuda:
+        return cfg.cpu_threads
     return cfg.verify_threads or max(1, len(os.sched_getaffinity(0)))
 
 
@@ -852,7 +856,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     # On a GPU the comparisons of a GPU-sized task's outputs (2 GiB on the CPU copies) get verify_threads until the
     # profile starts, and around each profile check (_check_timed); eager and torch.compile are timed with
     # cpu_threads, as on the CPU backend (the baselines' footing).
-    torch.set_num_threads(_verify_threads(cfg) if cuda else cfg.cpu_threads)
+    torch.set_num_threads(_compare_threads(cfg, cuda))
     t0 = time.perf_counter()
     key = (job["reference_hash"], device, tuple(sorted((job.get("shape_overrides") or {}).items())))
     state = cache.get(key)
@@ -1275,7 +1279,8 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
 
 
 def _median(v: list[float]) -> float:
-    return sorted(v)[len(v) // 2] if v else 0.0
+    """The upper median (statistics.median_high), 0.0 for no values."""
+    return statistics.median_high(v) if v else 0.0
 
 
 def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int) -> dict:
@@ -1476,7 +1481,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         # solution's own does there beyond cpu_threads cores (filling the harness's copies, say) is parallel work too
         c0 = tree_cpu_s(cand.pid, precise=True) if not cuda else None
         ts = time.perf_counter()
-        with _threads(_verify_threads(cfg) if cuda else cfg.cpu_threads):
+        with _threads(_compare_threads(cfg, cuda)):
             _check_timed(cand, ref_outs, atol, rtol, io, rng, r, prec, full)
         if c0 is not None:
             c1 = tree_cpu_s(cand.pid, precise=True)
@@ -1506,7 +1511,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     if sum(cpu_over) > 0.01:
         out["log"].append(f"profile: the candidate's process used {sum(cpu_over):.2f} ms of CPU beyond "
                           f"{cfg.cpu_threads} thread(s) over its time and sample requests; charged to its repetitions")
-    med_ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
+    med_ratio = _median(ratios) if ratios else 1.0
     med_short = _median(shortfalls)
     if med_ratio < 0.1 and med_short > 2.0:
         msg = (f"the candidate's in-process timings cover a median {med_ratio:.0%} of the trusted wall clock around "

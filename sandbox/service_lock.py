@@ -68,6 +68,13 @@ def gpu_device_key(visible: str | int) -> str:
         return f"gpu{text}"
 
 
+
+def visible_gpu_key(ordinal: int = 0) -> str:
+    """Lock key of the GPU this process sees as CUDA ordinal `ordinal` (torch's device index, JAX's GPU k):
+    CUDA_VISIBLE_DEVICES renumbers GPUs, so its entry for that ordinal names the physical one (else the ordinal)."""
+    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return gpu_device_key(visible[ordinal] if ordinal < len(visible) else ordinal)
+
 @dataclasses.dataclass
 class LockState:
     """What a `timing()` section got. acquired: the lock was held for the whole section (False: `contended`);

@@ -23,6 +23,7 @@ entry point for timing a bare reference yet; when it gains one, only `FilterPool
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
@@ -34,7 +35,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from tasks.schema import Task
 
@@ -292,13 +293,16 @@ def _perturbed_forward(model, inputs, target: int, scale: float):
     return outs, state["i"] + 1, state["name"]
 
 
-def _check_liveness(model, inputs, base: list, cfg: FilterConfig, pause: Any = None) -> None:
+def _no_pause() -> None:
+    pass
+
+
+def _check_liveness(model, inputs, base: list, cfg: FilterConfig, pause: Callable[[], None] = _no_pause) -> None:
     """pause(): called between forwards (the GPU's timing lock let go while a timer waits, _SharedGpu.pause)."""
     import torch
 
     from tasks.reference import run_reference
 
-    pause = pause or (lambda: None)
     gen = torch.Generator().manual_seed(99)
     for i, x in enumerate(inputs):
         pause()
@@ -317,7 +321,8 @@ def _check_liveness(model, inputs, base: list, cfg: FilterConfig, pause: Any = N
             raise _Reject("dead_op", f"perturbing the result of aten.{name} (op #{k}) changes {frac:.2%} of the output")
 
 
-def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | None, pause: Any = None) -> None:
+def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | None,
+                     pause: Callable[[], None] = _no_pause) -> None:
     """Synthesized tasks record each operator's source lines: drop each shape-preserving one in turn (pause():
     as in _check_liveness)."""
     from tasks.validate import TaskValidationError, build_and_run, load_checked
@@ -330,8 +335,7 @@ def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | No
     for j, ((first, last), preserves) in enumerate(zip(spans, keep)):
         if not preserves:
             continue
-        if pause is not None:
-            pause()
+        pause()
         variant = "".join(lines[: first - 1] + lines[last:])
         try:
             mod = load_checked(variant, f"<{task.id} without op {j}>")
@@ -511,7 +515,7 @@ def _release_device_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-_LOCKS: dict[int, Any] = {}
+_LOCKS: dict[tuple[int, str], Any] = {}  # (CUDA ordinal, lock folder)
 _LOCK_WARNED: set[str] = set()
 
 
@@ -530,14 +534,13 @@ def _device_lock(cfg: FilterConfig) -> Any:
         return None
     import torch
 
-    from sandbox.service_lock import DeviceTimingLock, gpu_device_key
+    from sandbox.service_lock import DeviceTimingLock, visible_gpu_key
 
-    idx = torch.cuda.current_device()
-    if idx not in _LOCKS:
-        visible = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-        _LOCKS[idx] = DeviceTimingLock(gpu_device_key(visible[idx] if idx < len(visible) else idx),
+    key = (torch.cuda.current_device(), cfg.timing_lock_dir)
+    if key not in _LOCKS:
+        _LOCKS[key] = DeviceTimingLock(visible_gpu_key(key[0]),
                                        **({"lock_dir": cfg.timing_lock_dir} if cfg.timing_lock_dir else {}))
-    return _LOCKS[idx]
+    return _LOCKS[key]
 
 
 def _device_name(device: str) -> str:
@@ -558,12 +561,13 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
     device = cfg.device
     origin = origin_of(task)
     lock = _device_lock(cfg)
+    oom_raises = device == "cuda"  # a device OOM is not the task's fault (check_task checks it again)
     # the GPU work but the timed sections runs holding the GPU's timing lock shared (a timer waits for it)
-    with _shared(lock, cfg) as share:
+    with _SharedGpu(lock, cfg) as share:
         try:
             mod = load_checked(task.reference, origin)
-            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device, raise_oom=device == "cuda")
-            _, _, out2 = build_and_run(mod, origin, seed=0, device=device, raise_oom=device == "cuda")
+            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device, raise_oom=oom_raises)
+            _, _, out2 = build_and_run(mod, origin, seed=0, device=device, raise_oom=oom_raises)
         except TaskValidationError as e:
             raise _Reject(e.problem, e.detail) from None
         v.output_shapes = [list(o.shape) for o in out1]
@@ -589,12 +593,12 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
             if v.eager_ms > hi:
                 raise _Reject("too_slow", f"eager {v.eager_ms:.3g} ms > {hi:g} ms")
         if cfg.check_compile:
-            with _shared(lock, cfg):
+            with _SharedGpu(lock, cfg):
                 try:
                     compiled = torch.compile(model)
                     outc = run_reference(compiled, inputs)
                 except Exception as e:  # noqa: BLE001
-                    if device == "cuda" and _is_oom(e):
+                    if oom_raises and _is_oom(e):
                         raise
                     msg = str(e).strip().splitlines()
                     raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
@@ -619,9 +623,9 @@ class _SharedGpu:
     def _take(self) -> None:
         if self.lock is None:
             return
+        section = contextlib.ExitStack()
         try:
-            section = self.lock.shared(self.timeout_s)
-            section.__enter__()
+            section.enter_context(self.lock.shared(self.timeout_s))
         except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes under their own uid)
             _warn_lock(self.lock, e)
             self.lock = None
@@ -631,7 +635,7 @@ class _SharedGpu:
     def _release(self) -> None:
         section, self.section = self.section, None
         if section is not None:
-            section.__exit__(None, None, None)
+            section.close()
 
     def __enter__(self) -> "_SharedGpu":
         self._take()
@@ -646,29 +650,18 @@ class _SharedGpu:
             self._take()
 
 
-def _shared(lock: Any, cfg: FilterConfig) -> _SharedGpu:
-    """_SharedGpu(lock, cfg)."""
-    return _SharedGpu(lock, cfg)
-
-
 def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,
               stop_above_ms: float | None = None) -> float:
     """time_call_ms under the GPU's timing lock held exclusively (v.contended when it could not be had, or its
     files could not be opened)."""
-    if lock is None:
+    with contextlib.ExitStack() as section:
+        if lock is not None:
+            try:
+                v.contended = v.contended or not section.enter_context(lock.timing(cfg.timing_lock_timeout_s)).acquired
+            except OSError as e:
+                _warn_lock(lock, e)
+                v.contended = True
         return time_call_ms(fn, device, cfg, stop_above_ms)
-    try:
-        section = lock.timing(cfg.timing_lock_timeout_s)
-        st = section.__enter__()
-    except OSError as e:
-        _warn_lock(lock, e)
-        v.contended = True
-        return time_call_ms(fn, device, cfg, stop_above_ms)
-    try:
-        v.contended = v.contended or not st.acquired
-        return time_call_ms(fn, device, cfg, stop_above_ms)
-    finally:
-        section.__exit__(None, None, None)
 
 
 # -------------------------------------------------------------------------------------------------- the pool

@@ -92,12 +92,13 @@ def test_verify_threads_is_validated_and_resolves_to_the_usable_cores():
     import os
 
     from sandbox.config import SandboxConfig
-    from sandbox.reference_worker import _verify_threads
+    from sandbox.reference_worker import _compare_threads
 
     with pytest.raises(ValueError, match="verify_threads"):
         SandboxConfig(verify_threads=-1)
-    assert _verify_threads(SandboxConfig(verify_threads=3)) == 3
-    assert _verify_threads(SandboxConfig()) == len(os.sched_getaffinity(0))
+    assert _compare_threads(SandboxConfig(verify_threads=3), cuda=True) == 3
+    assert _compare_threads(SandboxConfig(), cuda=True) == len(os.sched_getaffinity(0))
+    assert _compare_threads(SandboxConfig(verify_threads=3, cpu_threads=2), cuda=False) == 2
 
 
 def test_both_sides_run_with_the_fixed_allocator_regime(tmp_path, monkeypatch):

@@ -255,3 +255,15 @@ def test_rpc_client_resends_to_another_endpoint_when_one_does_not_answer():
     finally:
         silent.close()
         answering.close()
+
+
+def test_visible_gpu_key_names_the_physical_gpu_behind_a_cuda_ordinal(monkeypatch):
+    """CUDA_VISIBLE_DEVICES renumbers GPUs: ordinal k is its k-th entry (a UUID is the key itself); without the
+    variable (or past its end) the ordinal is the index. The sampler, the filter and the node agree through it."""
+    from sandbox.service_lock import gpu_device_key, visible_gpu_key
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-AAA, GPU-BBB")
+    assert visible_gpu_key(0) == "gpu-aaa" and visible_gpu_key(1) == "gpu-bbb"
+    assert visible_gpu_key(2) == gpu_device_key(2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpu_key() == gpu_device_key("0")

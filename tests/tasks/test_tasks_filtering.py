@@ -252,13 +252,13 @@ def test_lock_files_that_cannot_be_opened_do_not_stop_the_filter(tmp_path):
     """Lock files this user may not open (here: the lock folder's path is a file) leave the work running: untimed
     sections without the lock, timed ones flagged contended."""
     from sandbox.service_lock import DeviceTimingLock
-    from tasks.filtering import Verdict, _shared, _timed_ms
+    from tasks.filtering import Verdict, _SharedGpu, _timed_ms
 
     (tmp_path / "locks").write_text("not a folder")
     lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path / "locks")
     cfg = FilterConfig(**FAST, min_reps=1, max_reps=1, warmup=0)
     ran = []
-    with _shared(lock, cfg):
+    with _SharedGpu(lock, cfg):
         ran.append(1)
     v = Verdict(task_id="t", accepted=False)
     _timed_ms(lock, v, lambda: ran.append(2), "cpu", cfg)
@@ -273,13 +273,13 @@ def test_untimed_gpu_work_lets_a_waiting_timer_in_between_two_forwards(tmp_path)
     import time
 
     from sandbox.service_lock import DeviceTimingLock
-    from tasks.filtering import _shared
+    from tasks.filtering import _SharedGpu
 
     lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path)
     cfg = FilterConfig(**FAST, timing_lock_timeout_s=20.0)
     ctx = mp.get_context("spawn")
     got = ctx.Queue()
-    with _shared(lock, cfg) as share:
+    with _SharedGpu(lock, cfg) as share:
         timer = ctx.Process(target=_time_under_lock, args=(str(tmp_path), 0.3, got))
         timer.start()
         deadline = time.monotonic() + 60
