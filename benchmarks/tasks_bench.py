@@ -99,9 +99,11 @@ def main() -> None:
                                                   check_compile=not args.no_compile))
         t0 = time.monotonic()
         last: list = []
+        done_at: list[tuple[float, int]] = []  # (seconds since start, accepted so far) per finished candidate
 
         def progress(r) -> None:  # one line per filtered candidate; the budget ends the run from here
             last[:] = [r]
+            done_at.append((time.monotonic() - t0, r.accepted))
             console.print(f"[{time.monotonic() - t0:6.1f} s] candidates {r.candidates}, accepted {r.accepted}",
                           highlight=False)
             if args.budget_s and time.monotonic() - t0 > args.budget_s:
@@ -116,9 +118,18 @@ def main() -> None:
         rows = [json.loads(line) for line in state_path(out).read_text().splitlines()]
     check_s = [r["check_s"] for r in rows if r["reason"] != "compose_error"]
     mean_check = statistics.mean(check_s) if check_s else float("nan")
+    lock_s = [r.get("lock_wait_s", 0.0) for r in rows if r["reason"] != "compose_error"]
     rate = rep.accepted / rep.candidates if rep.candidates else 0.0
     # 6,000 accepted tasks need 6000 / rate candidates, each costing mean_check worker-seconds.
     proj_h = (6000 / rate) * mean_check / args.project_workers / 3600 if rate else float("inf")
+    # the steady rate: accepted tasks between the first and the last finished candidate (worker start-up and the
+    # first torch.compile are not in it), from the progress lines' times
+    steady = "-"
+    if len(done_at) >= 2 and done_at[-1][0] > done_at[0][0]:
+        steady = f"{60 * (done_at[-1][1] - done_at[0][1]) / (done_at[-1][0] - done_at[0][0]):.1f}"
+    eager = sorted(r["eager_ms"] for r in rows if r["accepted"] and r.get("eager_ms") is not None)
+    eager_mix = (f"{eager[0]:.2f} / {statistics.median(eager):.2f} / {eager[-1]:.2f} (window {cfg.filter.window[0]:g}"
+                 f"-{cfg.filter.window[1]:g})" if eager else "-")
     t = Table(title=f"tasks synthesis + filtering ({args.device}, {args.workers} workers, {os.cpu_count()} cores)")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -129,7 +140,11 @@ def main() -> None:
         ("accepted tasks per minute", f"{60 * rep.accepted / wall:.1f}"),
         ("candidates per minute", f"{60 * rep.candidates / wall:.1f}"),
         ("worker time per candidate: mean / median", f"{mean_check:.2f} s / {statistics.median(check_s):.2f} s"),
+        ("of it waiting for the GPU's timing lock: mean", f"{statistics.mean(lock_s):.2f} s" if lock_s else "-"),
+        ("candidates with a contended timing", str(sum(1 for r in rows if r.get("contended")))),
         (f"projected 6,000 accepted with {args.project_workers} workers", f"{proj_h:.1f} h"),
+        ("accepted per minute after the first result (no start-up)", steady),
+        ("eager ms of the accepted: min / median / max", eager_mix),
     ]:
         t.add_row(k, v)
     console.print(t)

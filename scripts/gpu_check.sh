@@ -10,8 +10,9 @@
 # Environment:
 #   GPU_TESTS=0        skip the tests (benchmarks only)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
-#                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (270 s), fleet (300 s),
-#                      tasks (150 s; TASKS_WORKERS, TASKS_N: default 4, 12), integrity (240 s: defences' cost, cubin),
+#                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (300 s),
+#                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
+#                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), stability (300 s: the same GPU-split demos
 #                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
 set -uo pipefail
@@ -62,15 +63,17 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --io-threads 1,4 ;;
     xaccel)  run_bench xaccel 60 python3 benchmarks/learner_bench.py --out "$out/learner_x" --sections xaccel_save
              tar -C "$out/learner_x" -czf "$out/xaccel.tar.gz" xaccel 2>/dev/null && rm -rf "$out/learner_x/xaccel" ;;
-    actor)   run_bench actor 270 python3 benchmarks/actor_bench.py --out "$out/actor" --warmup-budget-s 70 \
-               --budget-s 120 ;;
+    actor)   run_bench actor 280 python3 benchmarks/actor_bench.py --out "$out/actor" \
+               --tasks elementwise_chain,row_softmax,layer_norm,matmul --warmup-budget-s 90 --budget-s 110 \
+               --total-budget-s 265 --jax-cache-dir /tmp/cuda-agent-jax-cache ;;
     fleet)   run_bench fleet 300 python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" --budget-s 280 ;;
     overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \
                --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
                --json "$out/integrity_raw.json" ;;
-    tasks)   run_bench tasks 150 python3 benchmarks/tasks_bench.py --device cuda --workers "${TASKS_WORKERS:-4}" --n "${TASKS_N:-12}" --no-compile \
-               --budget-s 120 ;;
+    tasks)   run_bench tasks $(( ${TASKS_BUDGET_S:-120} + 30 )) python3 benchmarks/tasks_bench.py --device cuda \
+               --workers "${TASKS_WORKERS:-4}" --n "${TASKS_N:-12}" $([ "${TASKS_COMPILE:-0}" = 1 ] || echo --no-compile) \
+               --budget-s "${TASKS_BUDGET_S:-120}" ;;
     stability) run_bench stability 300 python3 benchmarks/stability_bench.py --format cubin \
                --tasks "${STABILITY_TASKS:-gpu_tr_061,gpu_tr_014}" --variants fused --evals 4 \
                --json "$out/stability.json" ;;

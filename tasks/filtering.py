@@ -173,6 +173,7 @@ class Verdict:
       device_name: the device the checks ran on ("cpu" or the CUDA device's name).
       contended: a timing of this check ran without the GPU's timing lock (FilterConfig.timing_lock).
       oom_retries: times the check was run again after the device ran out of memory.
+      lock_wait_s: time spent waiting for the GPU's timing lock (shared and exclusive sections), seconds.
     """
 
     task_id: str
@@ -190,6 +191,7 @@ class Verdict:
     device_name: str = ""
     contended: bool = False
     oom_retries: int = 0
+    lock_wait_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -251,11 +253,12 @@ def _changed_fraction(base: list, new: list) -> float:
 
 
 def _noise_like(t, scale: float, gen):
-    """t + noise, each element moved by about `scale` of its own magnitude (plus a small floor for zeros)."""
+    """t + noise, each element moved by about `scale` of its own magnitude (plus a small floor for zeros); the
+    noise is drawn by `gen` on its device (t's)."""
     import torch
 
     mag = float(t.abs().mean()) if t.numel() else 0.0
-    noise = torch.randn(t.shape, generator=gen, dtype=t.dtype, device="cpu").to(t.device)
+    noise = torch.randn(t.shape, generator=gen, dtype=t.dtype, device=gen.device).to(t.device)
     floor = 1e-3 * scale * (mag if mag > 0 else 1.0)  # an all-zero tensor (a bias at init) still moves
     return t + noise * (scale * t.abs() + floor)
 
@@ -269,8 +272,13 @@ def _perturbed_forward(model, inputs, target: int, scale: float):
     from tasks.reference import flatten_outputs
     from tasks.trace import IGNORED_OPS
 
-    gen = torch.Generator().manual_seed(1234 + target)
+    gens: dict = {}  # seeded per device, as in _check_liveness
     state = {"i": -1, "name": ""}
+
+    def noise(t):
+        if t.device not in gens:
+            gens[t.device] = torch.Generator(device=t.device).manual_seed(1234 + target)
+        return _noise_like(t, scale, gens[t.device])
 
     class _Perturb(TorchDispatchMode):
         def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
@@ -284,8 +292,8 @@ def _perturbed_forward(model, inputs, target: int, scale: float):
             state["i"] += 1
             if state["i"] == target:
                 state["name"] = func.overloadpacket.__name__
-                return tree_map(lambda t: _noise_like(t, scale, gen)
-                                if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+                return tree_map(lambda t: noise(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                                out)
             return out
 
     with torch.no_grad(), _Perturb():
@@ -303,12 +311,14 @@ def _check_liveness(model, inputs, base: list, cfg: FilterConfig, pause: Callabl
 
     from tasks.reference import run_reference
 
-    gen = torch.Generator().manual_seed(99)
+    gens: dict = {}  # one seeded generator per device: CUDA inputs get their noise drawn on the device
     for i, x in enumerate(inputs):
         pause()
         if isinstance(x, torch.Tensor) and x.is_floating_point():
+            if x.device not in gens:
+                gens[x.device] = torch.Generator(device=x.device).manual_seed(99)
             moved = list(inputs)
-            moved[i] = _noise_like(x, cfg.perturb_scale, gen)
+            moved[i] = _noise_like(x, cfg.perturb_scale, gens[x.device])
             frac = _changed_fraction(base, run_reference(model, moved))
             if frac < cfg.min_live_fraction:
                 raise _Reject("input_unused", f"perturbing input {i} changes {frac:.2%} of the output")
@@ -340,7 +350,7 @@ def _check_no_effect(task: Task, base: list, cfg: FilterConfig, device: str | No
         try:
             mod = load_checked(variant, f"<{task.id} without op {j}>")
             _, _, outs = build_and_run(mod, f"<{task.id} without op {j}>", seed=0, device=device,
-                                       raise_oom=device == "cuda")
+                                       raise_oom=device == "cuda", on_device=True)
         except TaskValidationError:
             continue  # removing it breaks the program: it has an effect
         if _changed_fraction(base, outs) == 0.0 and len(outs) == len(base):
@@ -563,13 +573,16 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
     lock = _device_lock(cfg)
     oom_raises = device == "cuda"  # a device OOM is not the task's fault (check_task checks it again)
     # the GPU work but the timed sections runs holding the GPU's timing lock shared (a timer waits for it)
-    with _SharedGpu(lock, cfg) as share:
+    with _SharedGpu(lock, cfg, v) as share:
         try:
             mod = load_checked(task.reference, origin)
-            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device, raise_oom=oom_raises)
-            _, _, out2 = build_and_run(mod, origin, seed=0, device=device, raise_oom=oom_raises)
+            model, inputs, out1 = build_and_run(mod, origin, seed=0, device=device, raise_oom=oom_raises,
+                                                on_device=True)
+            share.pause()
+            _, _, out2 = build_and_run(mod, origin, seed=0, device=device, raise_oom=oom_raises, on_device=True)
         except TaskValidationError as e:
             raise _Reject(e.problem, e.detail) from None
+        share.pause()
         v.output_shapes = [list(o.shape) for o in out1]
         same, worst = outputs_equal(out1, out2)
         if not same:
@@ -580,6 +593,7 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
         except Exception:  # data-dependent references do not trace on meta tensors: trace the real run
             tr = trace_module(mod, device=device)
             v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
+        share.pause()
         _check_outputs(out1, cfg)
         if cfg.check_dead:
             _check_liveness(model, inputs, out1, cfg, share.pause)
@@ -593,15 +607,20 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
             if v.eager_ms > hi:
                 raise _Reject("too_slow", f"eager {v.eager_ms:.3g} ms > {hi:g} ms")
         if cfg.check_compile:
-            with _SharedGpu(lock, cfg):
-                try:
-                    compiled = torch.compile(model)
-                    outc = run_reference(compiled, inputs)
-                except Exception as e:  # noqa: BLE001
-                    if oom_raises and _is_oom(e):
-                        raise
-                    msg = str(e).strip().splitlines()
-                    raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
+            try:
+                compiled = torch.compile(model)
+                # the first call compiles: seconds to a minute of CPU work (Dynamo, Inductor, Triton) and one forward
+                # at its end; it runs without the lock, so a timer on this GPU waits for no compile (the forward
+                # may overlap one of its repetitions: a median of 5 or more is not moved by one)
+                run_reference(compiled, inputs)
+                with _SharedGpu(lock, cfg, v):
+                    outc = run_reference(compiled, inputs)  # the compiled graph's output, compared below
+            except Exception as e:  # noqa: BLE001
+                if oom_raises and _is_oom(e):
+                    raise
+                msg = str(e).strip().splitlines()
+                raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
+            with _SharedGpu(lock, cfg, v):
                 ok, why = _allclose(out1, outc, task.atol, task.rtol)
             if not ok:
                 raise _Reject("compile_mismatch", why)
@@ -616,16 +635,18 @@ class _SharedGpu:
     waits for the lock, it is let go and taken again, so a sandbox node on the same GPU waits for one forward of
     the filter's, not for its whole pass."""
 
-    def __init__(self, lock: Any, cfg: FilterConfig):
-        self.lock, self.timeout_s = lock, cfg.timing_lock_timeout_s
+    def __init__(self, lock: Any, cfg: FilterConfig, v: Verdict):
+        self.lock, self.timeout_s, self.v = lock, cfg.timing_lock_timeout_s, v
         self.section: Any = None
 
     def _take(self) -> None:
         if self.lock is None:
             return
         section = contextlib.ExitStack()
+        t0 = time.monotonic()
         try:
             section.enter_context(self.lock.shared(self.timeout_s))
+            self.v.lock_wait_s += time.monotonic() - t0
         except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes under their own uid)
             _warn_lock(self.lock, e)
             self.lock = None
@@ -657,7 +678,9 @@ def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,
     with contextlib.ExitStack() as section:
         if lock is not None:
             try:
-                v.contended = v.contended or not section.enter_context(lock.timing(cfg.timing_lock_timeout_s)).acquired
+                state = section.enter_context(lock.timing(cfg.timing_lock_timeout_s))
+                v.contended = v.contended or not state.acquired
+                v.lock_wait_s += state.wait_ms / 1e3
             except OSError as e:
                 _warn_lock(lock, e)
                 v.contended = True

@@ -162,7 +162,8 @@ class Synthesizer:
             row = {"index": idx, "task_id": v.task_id, "category": category, "depth": depth,
                    "accepted": v.accepted, "reason": v.reason, "detail": v.detail[:300],
                    "eager_ms": v.eager_ms, "compile_ms": v.compile_ms, "check_s": round(v.check_s, 3),
-                   "contended": v.contended, "oom_retries": v.oom_retries}
+                   "contended": v.contended, "oom_retries": v.oom_retries,
+                   "lock_wait_s": round(v.lock_wait_s, 3)}
             _append(spath, json.dumps(row))
             rep.candidates += 1
             rep.run_candidates += 1

@@ -212,6 +212,34 @@ return torch.relu(x) * 2 + x""", task_id="oom_once")
     assert not v.accepted and v.reason == "out_of_memory" and v.oom_retries == 1 and "Tried to allocate" in v.detail
 
 
+@pytest.mark.gpu
+def test_checks_on_the_gpu_draw_on_the_device_and_still_catch_dead_parts():
+    """On CUDA the filter builds the model and draws the inputs on the device (build_and_run(on_device=True): a CPU
+    draw costs seconds per GPU-sized input set), perturbs them there, and still tells a live task from one with an
+    unused input or a dead op; a get_inputs() that needs the CPU (.numpy()) is drawn there."""
+    import torch
+
+    from tasks.validate import build_and_run, load_checked
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = FilterConfig(**FAST, device="cuda")
+    live = make("return torch.relu(x) * 2 + x", task_id="live")
+    assert check_task(live, cfg).accepted
+    assert check_task(make("return torch.relu(x) * 2", two_inputs=True), cfg).reason == "input_unused"
+    assert check_task(make("return x + torch.clamp(x, -1.0, 1.0) * 0.0"), cfg).reason == "dead_op"
+    mod = load_checked(live.reference, "<live>")
+    model, inputs, out = build_and_run(mod, "<live>", device="cuda", on_device=True)
+    assert inputs[0].is_cuda and out[0].is_cuda
+    _, again, _ = build_and_run(mod, "<live>", device="cuda", on_device=True)
+    assert torch.equal(inputs[0], again[0])  # seeded on the device as on the CPU
+    numpy_src = live.reference.replace("return [torch.randn(batch_size, dim)]",
+                                       "return [torch.from_numpy(torch.randn(batch_size, dim).numpy())]")
+    assert numpy_src != live.reference
+    _, cpu_drawn, _ = build_and_run(load_checked(numpy_src, "<numpy>"), "<numpy>", device="cuda", on_device=True)
+    assert cpu_drawn[0].is_cuda
+
+
 def test_timing_waits_for_the_gpu_lock_and_flags_a_timing_taken_without_it(tmp_path):
     """The timed sections take the GPU's timing lock (sandbox.service_lock) exclusively: held by another process,
     the timing waits timing_lock_timeout_s, then runs anyway and the verdict says contended."""
@@ -258,9 +286,9 @@ def test_lock_files_that_cannot_be_opened_do_not_stop_the_filter(tmp_path):
     lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path / "locks")
     cfg = FilterConfig(**FAST, min_reps=1, max_reps=1, warmup=0)
     ran = []
-    with _SharedGpu(lock, cfg):
-        ran.append(1)
     v = Verdict(task_id="t", accepted=False)
+    with _SharedGpu(lock, cfg, v):
+        ran.append(1)
     _timed_ms(lock, v, lambda: ran.append(2), "cpu", cfg)
     assert ran == [1, 2] and v.contended
 
@@ -268,18 +296,20 @@ def test_lock_files_that_cannot_be_opened_do_not_stop_the_filter(tmp_path):
 def test_untimed_gpu_work_lets_a_waiting_timer_in_between_two_forwards(tmp_path):
     """While the filter holds the GPU's lock shared over its liveness pass, a sandbox node's timer that asks for the
     lock gets it at the filter's next pause (between two forwards), not at the end of the pass; the filter then
-    waits for the timer's section and carries on with the lock held again."""
+    waits for the timer's section and carries on with the lock held again, and counts the wait (lock_wait_s)."""
     import multiprocessing as mp
     import time
 
     from sandbox.service_lock import DeviceTimingLock
-    from tasks.filtering import _SharedGpu
+    from tasks.filtering import Verdict, _SharedGpu
 
     lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path)
+    v = Verdict(task_id="t", accepted=False)
     cfg = FilterConfig(**FAST, timing_lock_timeout_s=20.0)
     ctx = mp.get_context("spawn")
     got = ctx.Queue()
-    with _SharedGpu(lock, cfg) as share:
+    with _SharedGpu(lock, cfg, v) as share:
+        assert v.lock_wait_s < 0.25  # nobody held it
         timer = ctx.Process(target=_time_under_lock, args=(str(tmp_path), 0.3, got))
         timer.start()
         deadline = time.monotonic() + 60
@@ -293,6 +323,7 @@ def test_untimed_gpu_work_lets_a_waiting_timer_in_between_two_forwards(tmp_path)
         acquired, wait_ms = got.get(timeout=30)
     timer.join(30)
     assert acquired and waited_s >= 0.25, (acquired, wait_ms, waited_s)
+    assert waited_s - 0.05 <= v.lock_wait_s <= waited_s + 0.25, (v.lock_wait_s, waited_s)
     share.pause()  # nobody waits (and the section is closed): nothing happens
 
 
