@@ -10,7 +10,7 @@
 # Environment:
 #   GPU_TESTS=0        skip the tests (benchmarks only)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
-#                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (300 s),
+#                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
 #                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), stability (300 s: the same GPU-split demos
@@ -66,7 +66,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
     actor)   run_bench actor 280 python3 benchmarks/actor_bench.py --out "$out/actor" \
                --tasks elementwise_chain,row_softmax,layer_norm,matmul --warmup-budget-s 90 --budget-s 110 \
                --total-budget-s 265 --jax-cache-dir /tmp/cuda-agent-jax-cache ;;
-    fleet)   run_bench fleet 300 python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" --budget-s 280 ;;
+    fleet)   run_bench fleet $(( ${FLEET_BUDGET_S:-280} + 20 )) python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" \
+               --budget-s "${FLEET_BUDGET_S:-280}" ;;
     overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \
                --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
