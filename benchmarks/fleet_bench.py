@@ -48,6 +48,11 @@ from sandbox.stress import (DEFAULT_CORPUS, LocalNode, Solution, StressConfig, l
 BUCKETS = (("<1ms", 0.0, 1.0), ("1-10ms", 1.0, 10.0), ("10-100ms", 10.0, 100.0))
 
 
+def _safe(name: str) -> str:
+    """A bucket's name as a folder name (no '<': such files do not travel back from the GPU host)."""
+    return name.replace("<", "lt").replace(">", "gt")
+
+
 def _machine() -> str:
     cpu = "unknown CPU"
     try:
@@ -170,6 +175,8 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                     eager = (r.result.get("timing") or {}).get("eager", {}).get("median_ms")
                     calibration.append({"task": task["id"], "status": r.status, "eager_ms": eager,
                                         "total_ms": r.result["stage_ms"].get("total")})
+                    print(f"[{time.monotonic() - t_start:5.0f} s] calibration: {task['id']} {r.status}, eager "
+                          f"{eager if eager is None else round(eager, 3)} ms", flush=True)
                     for name, lo, hi in BUCKETS:
                         if eager is not None and lo <= eager < hi and len(variants[name]) < args.per_bucket:
                             variants[name].append((task, sol))
@@ -182,18 +189,27 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                 if share < 30:
                     print(f"fleet_bench gpu: budget spent before bucket {name}", file=sys.stderr)
                     break
+                bucket_end = time.monotonic() + share
                 sub: dict[str, list[Solution]] = {}
                 for vtask, base in variants[name]:  # every kind of solution of the base task, on this size
                     for kind, sols in corpus.items():
                         sub.setdefault(kind, []).extend(dataclasses.replace(s, task=vtask) for s in sols
                                                         if s.task["id"] == base.task["id"])
-                load = StressConfig(mode="concurrency", concurrency=3 * len(gpus) + 2, duration_s=max(20.0, share - 20),
-                                    mix=mix, deadline_s=600, seed=args.seed, drain_s=60)
                 for vtask, base in variants[name]:  # warm-up, not measured: each size's torch.compile baseline
                     c.evaluate(vtask, base.files, "cubin", deadline_s=600, priority=0,
                                settings={"cache_salt": f"warm-{time.time()}"})
-                report, _ = run_stress(c, sub, load, out_dir=out / f"bucket-{name}")
+                # the measured run gets what the warm-ups left of this bucket's share, less its drain (the larger
+                # buckets' warm-ups take tens of seconds: a share fixed before them overran the budget)
+                drain_s = min(60.0, max(10.0, 0.25 * (bucket_end - time.monotonic())))
+                load = StressConfig(mode="concurrency", concurrency=3 * len(gpus) + 2, mix=mix, deadline_s=600,
+                                    duration_s=max(20.0, bucket_end - time.monotonic() - drain_s), seed=args.seed,
+                                    drain_s=drain_s)
+                report, _ = run_stress(c, sub, load, out_dir=out / f"bucket-{_safe(name)}")
                 rows.append(_row(f"cubin, eager {name}, {len(variants[name])} task size(s)", report["run"], len(gpus)))
+                # each bucket's row as soon as it is measured: a run cut by its time limit still reports
+                _print_table(rows[-1:], True)
+                (out / "fleet_bench.partial.json").write_text(json.dumps(
+                    {"rows": rows, "calibration": calibration, "gpus": gpus}, indent=1, default=str))
     finally:
         node.stop()
     return {"rows": rows, "calibration": calibration, "gpus": gpus}
