@@ -16,6 +16,7 @@ tests (a test double).
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any, Protocol, Sequence
 
 from actors.sampler import Completion, Sampler, SamplingParams
@@ -40,7 +41,8 @@ class JaxPolicy:
         self.version = int(version)
         self.name = name
         self.timing_lock = timing_lock
-        self.lock_waits = 0
+        self.lock_waits = 0  # sampler calls that found a timer holding or wanting the GPU
+        self.lock_wait_s = 0.0  # seconds those calls waited for it (inside the call's time, not sampling)
         self._seeds = itertools.count((int(seed) * 1_000_003 + self.version * 7919) % (1 << 30))
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: Sequence[SamplingParams]) -> list[Completion]:
@@ -51,7 +53,9 @@ class JaxPolicy:
             return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed)
         if self.timing_lock.timing_requested():
             self.lock_waits += 1
+        t0 = time.monotonic()
         with self.timing_lock.shared():
+            self.lock_wait_s += time.monotonic() - t0
             return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed)
 
 

@@ -592,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
             "by_status": summary["by_status"], "mean_reward": summary["mean_reward"],
             "final_status": dict(collections.Counter(e.final.status for e in eps if e.final is not None)),
             "contended_finals": sum(1 for e in eps if e.final is not None and e.final.contended),
-            "sampler_lock_waits": getattr(inner, "lock_waits", 0), "max_batch": summary["batcher"]["max_batch_seen"],
+            "sampler_lock_waits": getattr(inner, "lock_waits", 0),
+            "sampler_lock_wait_s": round(getattr(inner, "lock_wait_s", 0.0), 2), "max_batch": summary["batcher"]["max_batch_seen"],
             "context_tokens_max": max((e.stats["context_tokens"] for e in eps), default=0),
             "new_sampler_shapes": [list(k) for k in policy.new_shapes],
         }
@@ -631,7 +632,9 @@ def _table(results: dict, args: Any) -> None:
                                    f"{w['decode_s']:.0f} s)"),
             ("sandbox calls", json.dumps(w["sandbox_calls"])), ("final statuses", json.dumps(m["final_status"])),
             ("episodes cut by the budget", str(m["episodes_aborted"])),
-            ("contended finals / sampler lock waits", f"{m['contended_finals']} / {m['sampler_lock_waits']}"),
+            ("contended finals / sampler lock waits", f"{m['contended_finals']} / {m['sampler_lock_waits']} "
+                                                      f"({m.get('sampler_lock_wait_s', 0.0):.0f} s waited, whole run; "
+                                                      "inside sampling busy)"),
             ("compiles (setup / warm-up / measured)", f"{c['compiles']} in {c['compile_s']:.0f} s "
                                                       f"{json.dumps(c['by_phase'])}"),
             ("timeline", json.dumps(results["timeline"]))]
