@@ -14,7 +14,8 @@
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
 #                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), stability (300 s: the same GPU-split demos
-#                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured)
+#                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured, the whole filter,
+#                      GPUSPLIT_WORKERS workers, default 16)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
 mkdir -p "$out"
@@ -80,7 +81,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --json "$out/stability.json" ;;
     gpusplit) for s in eval train; do
                run_bench "gpusplit_$s" 150 python3 -m cuda_agent.cli tasks filter "tasks/builtin/gpu_$s.jsonl" \
-                 --device cuda --workers 1 --no-compile --no-dedup --out "$out/gpu_${s}_measured.jsonl" \
+                 --device cuda --workers "${GPUSPLIT_WORKERS:-16}" --no-dedup --out "$out/gpu_${s}_measured.jsonl" \
                  --rejected "$out/gpu_${s}_off_window.jsonl"
              done ;;
     none) ;;
