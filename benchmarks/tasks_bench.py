@@ -99,11 +99,12 @@ def main() -> None:
                                                   check_compile=not args.no_compile))
         t0 = time.monotonic()
         last: list = []
-        done_at: list[tuple[float, int]] = []  # (seconds since start, accepted so far) per finished candidate
+        done_at: list[tuple[float, int]] = []  # (seconds since start, accepted so far) at each acceptance
 
         def progress(r) -> None:  # one line per filtered candidate; the budget ends the run from here
             last[:] = [r]
-            done_at.append((time.monotonic() - t0, r.accepted))
+            if not done_at or r.accepted > done_at[-1][1]:  # acceptances only (a compose error is no filter result)
+                done_at.append((time.monotonic() - t0, r.accepted))
             console.print(f"[{time.monotonic() - t0:6.1f} s] candidates {r.candidates}, accepted {r.accepted}",
                           highlight=False)
             if args.budget_s and time.monotonic() - t0 > args.budget_s:
@@ -118,12 +119,12 @@ def main() -> None:
         rows = [json.loads(line) for line in state_path(out).read_text().splitlines()]
     check_s = [r["check_s"] for r in rows if r["reason"] != "compose_error"]
     mean_check = statistics.mean(check_s) if check_s else float("nan")
-    lock_s = [r.get("lock_wait_s", 0.0) for r in rows if r["reason"] != "compose_error"]
+    lock_s = [r.get("lock_wait_s", 0.0) for r in rows if r["reason"] not in ("compose_error", "timeout", "worker_crash")]
     rate = rep.accepted / rep.candidates if rep.candidates else 0.0
     # 6,000 accepted tasks need 6000 / rate candidates, each costing mean_check worker-seconds.
     proj_h = (6000 / rate) * mean_check / args.project_workers / 3600 if rate else float("inf")
-    # the steady rate: accepted tasks between the first and the last finished candidate (worker start-up and the
-    # first torch.compile are not in it), from the progress lines' times
+    # the steady rate: accepted tasks between the first and the last acceptance (worker start-up and the first
+    # torch.compile are not in it), from the progress callbacks' times
     steady = "-"
     if len(done_at) >= 2 and done_at[-1][0] > done_at[0][0]:
         steady = f"{60 * (done_at[-1][1] - done_at[0][1]) / (done_at[-1][0] - done_at[0][0]):.1f}"
@@ -143,7 +144,7 @@ def main() -> None:
         ("of it waiting for the GPU's timing lock: mean", f"{statistics.mean(lock_s):.2f} s" if lock_s else "-"),
         ("candidates with a contended timing", str(sum(1 for r in rows if r.get("contended")))),
         (f"projected 6,000 accepted with {args.project_workers} workers", f"{proj_h:.1f} h"),
-        ("accepted per minute after the first result (no start-up)", steady),
+        ("accepted per minute after the first acceptance (no start-up)", steady),
         ("eager ms of the accepted: min / median / max", eager_mix),
     ]:
         t.add_row(k, v)

@@ -95,8 +95,8 @@ class FilterConfig:
         `autosize_rounds` times. On for synthesis; off by default so that `filter` never changes a task.
       autosize_rounds: re-sizing rounds per task.
       timing_lock: device "cuda": time under the GPU's timing lock (sandbox.service_lock, the one the sandbox nodes
-        take), holding it shared around the rest of a task's GPU work, so that workers sharing a GPU time eager
-        and torch.compile alone. A timing that could not have the lock is flagged (Verdict.contended).
+        take), holding it shared around the rest of a task's GPU work (let go between steps while a timer waits),
+        so that workers sharing a GPU time eager and torch.compile alone. A timing that could not have the lock is flagged (Verdict.contended).
       timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), and an
         untimed one before running anyway, s (the sandbox node's own timing timeout is 10 s). Lock waits count
         against task_timeout_s.
@@ -173,7 +173,8 @@ class Verdict:
       device_name: the device the checks ran on ("cpu" or the CUDA device's name).
       contended: a timing of this check ran without the GPU's timing lock (FilterConfig.timing_lock).
       oom_retries: times the check was run again after the device ran out of memory.
-      lock_wait_s: time spent waiting for the GPU's timing lock (shared and exclusive sections), seconds.
+      lock_wait_s: time spent waiting for the GPU's timing lock (shared and exclusive sections), seconds, over every
+        attempt of the check (out-of-memory retries and autosize rounds included, as check_s).
     """
 
     task_id: str
@@ -427,6 +428,7 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     target = math.sqrt(lo * hi)
     base_ms: float | None = None
     tried = [dict(task.shape_params)]
+    lock_wait_s = 0.0  # over every attempt; each attempt's Verdict starts from 0
     while True:
         # a device out-of-memory error is checked again (an autosize round's is the size's fault: no retry)
         retries = cfg.oom_retries if cfg.device == "cuda" and rounds == 0 else 0
@@ -442,6 +444,7 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
                 oom = cfg.device == "cuda" and _is_oom(e)
                 v.reason = "out_of_memory" if oom else "internal_error"
                 v.detail = _describe(e, with_traceback=not oom)
+            lock_wait_s += v.lock_wait_s
             # out of the except clause: its traceback (and the task's tensors in its frames) is gone, so the
             # cache can go back to the GPU while this worker waits
             if oom:
@@ -476,6 +479,7 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     if rounds and not v.accepted:
         v.detail += f" (after {rounds} resizing round(s))"
     v.check_s = time.perf_counter() - t_start
+    v.lock_wait_s = lock_wait_s
     v.device_name = _device_name(cfg.device)
     return v
 
@@ -607,20 +611,19 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
             if v.eager_ms > hi:
                 raise _Reject("too_slow", f"eager {v.eager_ms:.3g} ms > {hi:g} ms")
         if cfg.check_compile:
-            try:
-                compiled = torch.compile(model)
-                # the first call compiles: seconds to a minute of CPU work (Dynamo, Inductor, Triton) and one forward
-                # at its end; it runs without the lock, so a timer on this GPU waits for no compile (the forward
-                # may overlap one of its repetitions: a median of 5 or more is not moved by one)
-                run_reference(compiled, inputs)
-                with _SharedGpu(lock, cfg, v):
-                    outc = run_reference(compiled, inputs)  # the compiled graph's output, compared below
-            except Exception as e:  # noqa: BLE001
-                if oom_raises and _is_oom(e):
-                    raise
-                msg = str(e).strip().splitlines()
-                raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
+            # the first call compiles under the shared lock: besides the CPU work (Dynamo, Inductor, Triton) it
+            # benchmarks the configurations of Inductor's kernels on the GPU (pointwise and reduction autotuning, tens
+            # of ms each), which would disturb another user's timing; a timer waits for it (at most
+            # timing_lock_timeout_s, then its timing is flagged contended)
             with _SharedGpu(lock, cfg, v):
+                try:
+                    compiled = torch.compile(model)
+                    outc = run_reference(compiled, inputs)
+                except Exception as e:  # noqa: BLE001
+                    if oom_raises and _is_oom(e):
+                        raise
+                    msg = str(e).strip().splitlines()
+                    raise _Reject("compile_error", f"{type(e).__name__}: {msg[0][:300] if msg else ''}") from None
                 ok, why = _allclose(out1, outc, task.atol, task.rtol)
             if not ok:
                 raise _Reject("compile_mismatch", why)

@@ -214,9 +214,9 @@ return torch.relu(x) * 2 + x""", task_id="oom_once")
 
 @pytest.mark.gpu
 def test_checks_on_the_gpu_draw_on_the_device_and_still_catch_dead_parts():
-    """On CUDA the filter builds the model and draws the inputs on the device (build_and_run(on_device=True): a CPU
+    """On CUDA the filter draws the inputs on the device as the sandbox does (build_and_run(on_device=True): a CPU
     draw costs seconds per GPU-sized input set), perturbs them there, and still tells a live task from one with an
-    unused input or a dead op; a get_inputs() that needs the CPU (.numpy()) is drawn there."""
+    unused input or a dead op; a get_inputs() that needs the CPU (.numpy()) is drawn there, reseeded."""
     import torch
 
     from tasks.validate import build_and_run, load_checked
@@ -237,7 +237,36 @@ def test_checks_on_the_gpu_draw_on_the_device_and_still_catch_dead_parts():
                                        "return [torch.from_numpy(torch.randn(batch_size, dim).numpy())]")
     assert numpy_src != live.reference
     _, cpu_drawn, _ = build_and_run(load_checked(numpy_src, "<numpy>"), "<numpy>", device="cuda", on_device=True)
-    assert cpu_drawn[0].is_cuda
+    torch.manual_seed(0)
+    assert torch.equal(cpu_drawn[0].cpu(), torch.randn(64, 256))  # drawn again on the CPU, reseeded
+
+
+def test_lock_waits_are_counted_over_every_autosize_round(tmp_path, monkeypatch):
+    """Verdict.lock_wait_s sums the waits of every attempt (each autosize round checks the task again with a fresh
+    Verdict): a wait in the first round is still in the final verdict after the task was re-sized."""
+    import multiprocessing as mp
+    import threading
+
+    import tasks.filtering as filtering
+    from sandbox.service_lock import DeviceTimingLock
+
+    lock = DeviceTimingLock("gpu-test", lock_dir=tmp_path)
+    monkeypatch.setattr(filtering, "_device_lock", lambda cfg: lock)  # the GPU's lock, on the CPU backend here
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(tmp_path), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        threading.Timer(0.5, release.set).start()  # a sandbox node's timer holds the GPU for the first 0.5 s
+        cfg = FilterConfig(check_compile=False, check_dead=False, autosize=True, eager_window_ms=[0.5, 1.0],
+                           timing_lock_timeout_s=20.0, warmup=0, min_reps=1, max_reps=1)
+        v = check_task(make("return torch.relu(x) * 2 + x"), cfg)
+    finally:
+        release.set()
+        holder.join(30)
+    assert v.resized_params, (v.reason, v.detail)  # at least one round after the first
+    assert v.lock_wait_s >= 0.4, v.lock_wait_s
 
 
 def test_timing_waits_for_the_gpu_lock_and_flags_a_timing_taken_without_it(tmp_path):
@@ -262,6 +291,7 @@ def test_timing_waits_for_the_gpu_lock_and_flags_a_timing_taken_without_it(tmp_p
         t0 = time.monotonic()
         _timed_ms(lock, v, lambda: None, "cpu", cfg)
         assert v.contended and time.monotonic() - t0 >= 0.3
+        assert 0.3 <= v.lock_wait_s < time.monotonic() - t0 + 0.05  # the wait is counted
     finally:
         release.set()
         holder.join(30)
