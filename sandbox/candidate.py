@@ -548,12 +548,17 @@ class Worker:
             gated = self.timer.gate is not None
             current = self.timer._stream if gated else None  # bound before any solution code
 
+            import gc
+
+            gc_off = gc.disable  # bound before any solution code of this request runs
+
             def once(inputs: tuple) -> Any:
                 # the stream the gate holds (the timer closed it there just now); kernels launched, or torch ops
                 # dispatched, on another stream: the call counts its whole wall clock (Timer.side_work)
                 held = current().cuda_stream if gated else None
                 before = dict(streams) if gated else None
                 out, v, g = self._call(inputs, False, held)
+                gc_off()  # a forward that switched the collector on: off again before its output is checked and copied
                 guards.append(g)
                 if v:
                     viol.extend(v)
