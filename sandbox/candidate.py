@@ -527,6 +527,8 @@ class Worker:
                 gc.enable()
 
     def _timed_calls(self, msg: dict, fn: Any) -> dict:
+        import gc
+
         torch = self.torch
         self._drop_rep()
         perf = self.timer._perf
@@ -547,8 +549,6 @@ class Worker:
             streams = self._launch_streams()
             gated = self.timer.gate is not None
             current = self.timer._stream if gated else None  # bound before any solution code
-
-            import gc
 
             gc_off = gc.disable  # bound before any solution code of this request runs
 

@@ -88,6 +88,7 @@ from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_
 from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
 from sandbox.timing_gate import gate_cubin, load_gate
+from tasks.reference import draw_inputs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
@@ -148,15 +149,11 @@ class TaskState:
             if not self.device.startswith("cuda"):
                 torch.default_generator.manual_seed(seed)  # torch.manual_seed would also queue a CUDA seeding
                 return list(self.module.get_inputs())
-            torch.manual_seed(seed)  # every generator: the device's and the CPU's
-            if self.inputs_on_device:
-                try:
-                    with torch.device(self.device):
-                        return list(self.module.get_inputs())
-                except Exception:  # noqa: BLE001 - this get_inputs() needs the CPU: use it from now on
-                    self.inputs_on_device = False
-                    torch.manual_seed(seed)
-            return list(self.module.get_inputs())
+            # every generator seeded, the device's and the CPU's; a get_inputs() that needs the CPU is drawn there
+            # for this task from now on
+            inputs, self.inputs_on_device = draw_inputs(self.module.get_inputs, seed, self.device,
+                                                        self.inputs_on_device)
+            return list(inputs)
 
     def to_device(self, v: Any) -> Any:
         """A copy of input set v on the device, private to its user: on CUDA a tensor already there is copied too

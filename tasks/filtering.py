@@ -96,7 +96,8 @@ class FilterConfig:
       autosize_rounds: re-sizing rounds per task.
       timing_lock: device "cuda": time under the GPU's timing lock (sandbox.service_lock, the one the sandbox nodes
         take), holding it shared around the rest of a task's GPU work (let go between steps while a timer waits),
-        so that workers sharing a GPU time eager and torch.compile alone. A timing that could not have the lock is flagged (Verdict.contended).
+        so that workers sharing a GPU time eager and torch.compile alone. A timing that could not have the lock is
+        flagged (Verdict.contended).
       timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), and an
         untimed one before running anyway, s (the sandbox node's own timing timeout is 10 s). Lock waits count
         against task_timeout_s.

@@ -129,37 +129,22 @@ def build_and_run(mod, origin: str, seed: int = 0, device: str | None = None, in
     raise_oom, a torch.OutOfMemoryError is raised as it is (tasks.filtering on a GPU: other workers may hold the
     memory), else it is the task's init / inputs / forward error like any other.
 
-    on_device (a CUDA `device` only): `get_inputs()` runs under `torch.device(device)`, as the sandbox makes its
-    input sets (sandbox.reference_worker.TaskState.make_inputs), so its tensor factories draw on the device's
-    generator (seeded by torch.manual_seed as the CPU's is) and no copy follows: a CPU torch.randn costs about
-    1.5 ms per MiB, i.e. seconds per input set of a GPU-sized task, against milliseconds on the device. The
-    numbers differ from the CPU draw's, the distribution does not. A get_inputs() that raises under the device
-    context (it calls .numpy(), say) is drawn again on the CPU, reseeded (an error CUDA reports later, a
-    device-side assert, is not caught there: it shows at the forward). `Model(...)` is built on the CPU and moved,
-    as the sandbox builds it: tensors it keeps as plain attributes stay where __init__ put them.
+    on_device (a CUDA `device` only): the input set is drawn on the device, as the sandbox draws its sets
+    (tasks.reference.draw_inputs, with a CPU draw for a get_inputs() that needs the CPU). `Model(...)` is built on
+    the CPU and moved, as the sandbox builds it: tensors it keeps as plain attributes stay where __init__ put them.
     """
     import torch
 
-    on_device = bool(on_device and device is not None and str(device).startswith("cuda"))
-
-    def draw(fn, s: int, here: bool):
-        torch.manual_seed(s)
-        if here:
-            try:
-                with torch.device(device):
-                    return fn()
-            except Exception as e:  # noqa: BLE001 - this one needs the CPU: draw it there
-                _reraise_device_oom(e, raise_oom)
-                torch.manual_seed(s)
-        return fn()
-
     try:
-        model = draw(lambda: mod.Model(*mod.get_init_inputs()), seed, False)
+        torch.manual_seed(seed)
+        init = mod.get_init_inputs()
+        model = mod.Model(*init)
     except Exception as e:
         _reraise_device_oom(e, raise_oom)
         raise TaskValidationError(origin, "init_error", _exc_summary(e, origin)) from None
     try:
-        inputs = draw(mod.get_inputs, seed if input_seed is None else input_seed, on_device)
+        inputs, _ = ref.draw_inputs(mod.get_inputs, seed if input_seed is None else input_seed, str(device), on_device,
+                                (torch.OutOfMemoryError,) if raise_oom else ())
     except Exception as e:
         _reraise_device_oom(e, raise_oom)
         raise TaskValidationError(origin, "inputs_error", _exc_summary(e, origin)) from None
