@@ -15,9 +15,10 @@ tests (a test double).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from actors.sampler import Completion, Sampler, SamplingParams
 
@@ -41,22 +42,26 @@ class JaxPolicy:
         self.version = int(version)
         self.name = name
         self.timing_lock = timing_lock
-        self.lock_waits = 0  # sampler calls that found a timer holding or wanting the GPU
-        self.lock_wait_s = 0.0  # seconds those calls waited for it (inside the call's time, not sampling)
+        self.lock_waits = 0  # sampler steps that found a timer holding or wanting the GPU
+        self.lock_wait_s = 0.0  # seconds those steps waited for it (inside the call's time, not sampling)
         self._seeds = itertools.count((int(seed) * 1_000_003 + self.version * 7919) % (1 << 30))
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: Sequence[SamplingParams]) -> list[Completion]:
-        """One sampler call; with a timing lock, held shared for the call, so that a sandbox worker timing a
-        kernel on the same GPU has the device to itself (the call waits while a timer holds or wants it)."""
+        """One sampler call; with a timing lock, each of its device steps (the prefill, each decode chunk) runs
+        under the lock held shared, so that a sandbox worker timing a kernel on the same GPU has the device to
+        itself: a step waits while a timer holds or wants it, and the timer waits for one step at most."""
         seed = next(self._seeds) % (1 << 31)
-        if self.timing_lock is None:
-            return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed)
+        return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed,
+                                     gpu_step=None if self.timing_lock is None else self._gpu_step)
+
+    @contextlib.contextmanager
+    def _gpu_step(self) -> Iterator[None]:
         if self.timing_lock.timing_requested():
             self.lock_waits += 1
         t0 = time.monotonic()
         with self.timing_lock.shared():
             self.lock_wait_s += time.monotonic() - t0
-            return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed)
+            yield
 
 
 def sampler_timing_lock(mode: str = "auto", lock_dir: str | None = None) -> Any:
@@ -64,7 +69,8 @@ def sampler_timing_lock(mode: str = "auto", lock_dir: str | None = None) -> Any:
 
     mode: "on", "off", or "auto" (on when JAX runs on a GPU). The device is the first entry of
     CUDA_VISIBLE_DEVICES (else GPU 0), named as the sandbox node names it, so both take the same lock.
-    Granularity: one sampler call (a timer waits at most one call, then times anyway and flags `contended`).
+    Granularity: one sampler step, a prefill or a decode chunk (a timer waits at most one step, or its timeout,
+    then times anyway and flags `contended`).
     """
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"timing lock mode must be auto, on or off, got {mode!r}")

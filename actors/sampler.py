@@ -32,12 +32,13 @@ are unrolled in the jitted functions, so each decode step reads every weight onc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
 from functools import partial
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -336,10 +337,13 @@ class Sampler:
         self.params = sampler_params(model)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
-                 seed: int = 0) -> list[Completion]:
+                 seed: int = 0, gpu_step: Callable[[], ContextManager[Any]] | None = None) -> list[Completion]:
         """Sample one continuation per prompt. prompts: token ids (each non-empty, ids in [0, V)).
 
         params: one SamplingParams for all, or one per prompt. Returns completions in prompt order.
+        gpu_step: a context manager factory entered around each unit of device work (the prefill, each decode
+        chunk), which returns only once that work is done on the device: a GPU shared with a sandbox's timing
+        (actors.policy.JaxPolicy passes the timing lock's shared section) waits at most one step.
         Raises ValueError for an empty prompt, an id out of range, or prompt + max_new_tokens over
         `max_cache_len`; stop strings without a `detokenize` function.
         """
@@ -388,12 +392,14 @@ class Sampler:
         truncate = any(sp.top_k > 0 or sp.top_p < 1.0 for sp in per)
         new_shapes = self._note_shapes([("prefill", b, p_len), ("start", b, p_len, cache_len, n_stop, truncate)])
 
+        step = gpu_step or contextlib.nullcontext
         t0 = time.perf_counter()
-        kv, logits = _prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), config=self.model_config)
-        state = _start(kv, logits, jnp.asarray(lengths), sampling, jax.random.key(seed), cache_len=cache_len,
-                       out_len=out_len, truncate=truncate)
-        del kv, logits
-        done = np.asarray(state["done"])
+        with step():
+            kv, logits = _prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), config=self.model_config)
+            state = _start(kv, logits, jnp.asarray(lengths), sampling, jax.random.key(seed), cache_len=cache_len,
+                           out_len=out_len, truncate=truncate)
+            del kv, logits
+            done = np.asarray(state["done"])  # waits for the device
         t1 = time.perf_counter()
         stop_at: dict[int, int] = {}  # row -> number of tokens kept (stop string)
         checked = np.zeros(b, np.int64)
@@ -401,10 +407,11 @@ class Sampler:
         while not done.all():
             if not chunks:
                 new_shapes += self._note_shapes([("decode", b, cache_len, n_stop, truncate)])
-            state = _decode_chunk(self.params, state, sampling, config=self.model_config,
-                                  steps=cfg.decode_chunk_steps, truncate=truncate)
+            with step():
+                state = _decode_chunk(self.params, state, sampling, config=self.model_config,
+                                      steps=cfg.decode_chunk_steps, truncate=truncate)
+                done = np.asarray(state["done"])  # waits for the device
             chunks += 1
-            done = np.asarray(state["done"])
             if any(sp.stop_strings for sp in per):
                 hits = self._check_stop_strings(state, per, checked, stop_at)
                 if hits.any():

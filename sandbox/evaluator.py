@@ -156,16 +156,21 @@ class Evaluator:
             c.profile_timeout_s + 60.0
 
     # ------------------------------------------------------------------ evaluate
-    def evaluate(self, task: Task, files: dict[str, str], fmt: str) -> EvalResult:
+    def evaluate(self, task: Task, files: dict[str, str], fmt: str, timing_lock: dict | None = None) -> EvalResult:
         """Evaluate one solution (files: {workspace-relative path: text}) in format fmt on this backend.
 
+        timing_lock: the device's timing lock (sandbox.service_lock) as {"key", "dir", "timeout_s"}, or None: the
+        trusted worker holds it exclusively around the timed sections (calibration, profile) and shared around the
+        untimed GPU work (reference stage, verification); a timed section that could not have it within timeout_s
+        runs anyway and the result is flagged `contended`. stage_ms gets timing_lock_wait (the timed sections'
+        waits) and timing_lock_shared_wait, ms.
         Raises ValueError for usage errors (see module doc); everything else is a status in the result.
         """
         check_format(fmt, self.backend)
         with self._lock:
-            return self._evaluate(task, files, fmt)
+            return self._evaluate(task, files, fmt, timing_lock)
 
-    def _evaluate(self, task: Task, files: dict[str, str], fmt: str) -> EvalResult:
+    def _evaluate(self, task: Task, files: dict[str, str], fmt: str, timing_lock: dict | None = None) -> EvalResult:
         cfg = self.cfg
         t_start = time.perf_counter()
         stage: dict[str, float] = {}
@@ -240,6 +245,7 @@ class Evaluator:
                 "format": fmt, "device": self.device,
                 "jail_uid": self.jail_uid if self.isolation_mode == "namespaces" else None,
                 "writable": writable, "extra_env": extra_env, "load_timeout_s": load_timeout,
+                "timing_lock": timing_lock,
             }
             out = self._call_worker(job, self._job_timeout(load_timeout))
             res = self._assemble(out, base, b)
@@ -293,7 +299,7 @@ class Evaluator:
             trials=[TrialResult.from_dict(t) for t in out.get("trials", [])],
             timing=TimingStats.from_dict(out["timing"]) if out.get("timing") else None,
             violations=[Violation.from_dict(v) for v in out.get("violations", [])],
-            nvml=list(out.get("nvml", [])), log=log, **base,
+            nvml=list(out.get("nvml", [])), log=log, contended=bool(out.get("contended", False)), **base,
         )
         res.stage_ms.update(out.get("stage_ms", {}))
         return res

@@ -84,6 +84,7 @@ from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import (DEFAULT_HIDE, MALLOC_ENV, PASSED_ENV, JailSpec, candidate_expose, command_prefix,
                           set_rlimits, toolkit_dirs, trusted_roots)
 from sandbox.result import Status, TimingStats, TrialResult, Violation
+from sandbox.service_lock import DeviceTimingLock, SharedUse
 from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_settled
 from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
 from sandbox.verify import compare, precision_shortfall
@@ -843,11 +844,53 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(prev)
 
 
+class _JobLock:
+    """The device's timing lock over one job (job["timing_lock"]: key, dir, timeout_s; absent: no lock, nothing
+    is held): shared around the job's untimed GPU work (the reference stage, verification: let go between two
+    trials while a timer waits), exclusive around its timed sections (calibration, profile), so that a sampler or
+    another worker on the GPU runs beside everything but the timing. `record` writes the waits (ms) and
+    `contended` (a timed section that could not have the lock within timeout_s ran anyway) into the job's out."""
+
+    def __init__(self, spec: dict | None):
+        self.lock = DeviceTimingLock(spec["key"], spec["dir"]) if spec else None
+        self.timeout_s = float(spec["timeout_s"]) if spec else 0.0
+        self.timed_wait_ms = 0.0
+        self.acquired = True
+        self.shared: list[SharedUse] = []
+
+    def untimed(self) -> SharedUse:
+        use = SharedUse(self.lock, self.timeout_s)
+        self.shared.append(use)
+        return use
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        if self.lock is None:
+            yield
+            return
+        with self.lock.timing(self.timeout_s) as state:
+            self.timed_wait_ms += state.wait_ms
+            self.acquired = self.acquired and state.acquired
+            yield
+
+    def record(self, out: dict) -> None:
+        if self.lock is None:
+            return
+        out["stage_ms"]["timing_lock_wait"] = self.timed_wait_ms
+        out["stage_ms"]["timing_lock_shared_wait"] = sum(u.wait_s for u in self.shared) * 1e3
+        if not self.acquired:
+            out["contended"] = True
+            out["log"].append(f"timing lock {self.lock.key} not had within {self.timeout_s:g} s: other work may have "
+                              "shared the device while this was timed; re-measure before trusting the reward")
+
+
 def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: SandboxConfig,
             spares: "WorkerPool") -> dict:
     """Evaluate one built solution. job: task_id, reference, shape_overrides, atol, rtol, workspace, model_py,
-    manifest, format, device, jail_uid (None: no namespaces), writable, extra_env, load_timeout_s.
-    Returns a plain dict: status, message, trials, timing, violations, log, stage_ms, nvml."""
+    manifest, format, device, jail_uid (None: no namespaces), writable, extra_env, load_timeout_s, and optionally
+    timing_lock ({key, dir, timeout_s}: the device's lock, see _JobLock).
+    Returns a plain dict: status, message, trials, timing, violations, log, stage_ms, nvml (and contended: True
+    when a timed section ran without the lock)."""
     out: dict[str, Any] = {"trials": [], "timing": None, "violations": [], "log": [], "stage_ms": {}, "nvml": []}
     device = job["device"]
     cuda = device.startswith("cuda")
@@ -874,19 +917,21 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     except Exception as e:  # noqa: BLE001 - a broken reference is the sandbox's problem, not the candidate's
         return reference_failed(e, traceback.format_exc())
     ref: dict[str, Any] = {}
+    gpu = _JobLock(job.get("timing_lock"))
 
     def reference_stage() -> None:
         """Trial inputs from fresh secret seeds, their reference outputs, the profile's estimate (trusted work)."""
         tr = time.perf_counter()
         try:
-            seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
-            ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
-            # the reference outputs first (on copies): they tell whether the reference writes its inputs, and so
-            # whether the device sets the baselines use must be private copies on the CPU backend too (to_device)
-            ref["ref_outs"] = [state.reference_outputs(state.to_device(x)) for x in ref["inputs_cpu"]]
-            ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
-            ref["plan"] = (ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"], job["format"]) if cfg.profile
-                           else None)
+            with gpu.untimed():
+                seeds = [secrets.randbits(62) for _ in range(cfg.num_trials)]
+                ref["inputs_cpu"] = [state.make_inputs(s) for s in seeds]
+                # the reference outputs first (on copies): they tell whether the reference writes its inputs, and so
+                # whether the device sets the baselines use must be private copies on the CPU backend too (to_device)
+                ref["ref_outs"] = [state.reference_outputs(state.to_device(x)) for x in ref["inputs_cpu"]]
+                ref["inputs_dev"] = [state.to_device(x) for x in ref["inputs_cpu"]]
+                ref["plan"] = (ProfilePlan(state, cfg, cuda, device, ref["inputs_dev"], job["format"]) if cfg.profile
+                               else None)
         except Exception as e:  # noqa: BLE001
             ref["error"] = (e, traceback.format_exc())
         out["stage_ms"]["reference"] = (time.perf_counter() - tr) * 1e3
@@ -939,8 +984,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 # requests of up to 4 calls: at the profile's own 16 calls the calibration took 140-510 ms an
                 # evaluation on the H200 (each request carries its input sets). At 4 calls its per-call figure is
                 # noisier (0.11-0.36 ms against 0.15-0.23 ms at 16, benchmarks/RESULTS.md): an open trade-off
-                calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0],
-                                   min(ref["plan"].calls, 4) if ref["plan"] is not None else 1, io, log=out["log"])
+                with gpu.timed():
+                    calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0],
+                                       min(ref["plan"].calls, 4) if ref["plan"] is not None else 1, io,
+                                       log=out["log"])
                 out["stage_ms"]["calibration"] = (time.perf_counter() - tc) * 1e3
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
@@ -983,17 +1030,21 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # trial i's outputs are compared while the candidate runs trial i + 1 (a failure of trial i still ends the
         # evaluation first, with trial i's verdict)
         pending: tuple | None = None
-        for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
-            reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
-                         cfg.trial_timeout_s, f"trial {i}", (lambda p=pending: check(*p)) if pending else None)
-            evidence.add(reply, f"trial {i}")
-            pending = (i, reply, ref)
-        if pending is not None:
-            check(*pending)
-        if value_job is not None:
-            _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
-        if shape_jobs:
-            _verify_shape_variants(cand, job, state, shape_jobs, cfg, atol, rtol, io, prec, evidence, out)
+        with gpu.untimed() as share:
+            for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
+                share.pause()
+                reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
+                             cfg.trial_timeout_s, f"trial {i}", (lambda p=pending: check(*p)) if pending else None)
+                evidence.add(reply, f"trial {i}")
+                pending = (i, reply, ref)
+            if pending is not None:
+                check(*pending)
+            share.pause()
+            if value_job is not None:
+                _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
+            share.pause()
+            if shape_jobs:
+                _verify_shape_variants(cand, job, state, shape_jobs, cfg, atol, rtol, io, prec, evidence, out)
         out["log"].extend(evidence.summary())
         out["stage_ms"]["verify"] = (time.perf_counter() - t2) * 1e3
         if not cfg.profile:
@@ -1002,8 +1053,9 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
         torch.set_num_threads(cfg.cpu_threads)
-        timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt, prec,
-                          calib)
+        with gpu.timed():
+            timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt,
+                              prec, calib)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
         out["timing"] = timing.to_dict()
         out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
@@ -1015,6 +1067,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             out["detail"] = f.detail  # type: ignore[attr-defined]
         return out
     finally:
+        gpu.record(out)
         if pf is not None:
             pf.cancel()
         if cand is not None:

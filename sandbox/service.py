@@ -28,8 +28,10 @@ and sends it to its worker process with a time bound. A worker that dies or hang
 An `internal_error` result (the sandbox's fault, e.g. a candidate process that could not start on an
 overloaded host) is evaluated again `internal_error_retries` times before it is answered.
 
-Timing on a GPU holds the device's timing lock (sandbox.service_lock) for the evaluation; a result timed
-without it is flagged `contended` and is not reused for other jobs.
+Timing on a GPU holds the device's timing lock (sandbox.service_lock) exclusively around an evaluation's timed
+sections (calibration, profile) and shared around its untimed GPU work (reference stage, verification), so a
+sampler or another worker on the GPU runs beside everything but the timing; a result timed without it is flagged
+`contended` and is not reused for other jobs.
 
 Shutdown: SIGTERM or SIGINT drains: new jobs and queued jobs get `Error(busy)` (clients resend them
 elsewhere), running jobs finish and are answered, then the node exits. A second signal exits at once.
@@ -120,7 +122,7 @@ class ServiceConfig:
     worker_start_timeout_s: float = 180.0
     """How long a worker may take to come up."""
     timing_lock: str = "auto"
-    """"auto" (the cuda backend: yes), "always", "never": hold the device's timing lock while evaluating."""
+    """"auto" (the cuda backend: yes), "always", "never": hold the device's timing lock while timing (exclusive) and while verifying (shared)."""
     timing_lock_dir: str = DEFAULT_LOCK_DIR
     """Folder of the lock files (tmpfs; shared by every GPU user on the host)."""
     timing_lock_timeout_s: float = 10.0

@@ -19,9 +19,11 @@ so candidate code, which runs as another uid, cannot take it):
   job can also call `timing_requested()` between steps and yield.
 
 How a one-GPU host shares its GPU: the sampler / learner and the sandbox worker time-share it. The sampler
-runs its steps under `shared()`; the sandbox worker takes `timing()` for each evaluation; while it holds it
-the sampler pauses at its next step boundary (for about one evaluation, a second or two for the tasks of the
-paper's window), and rewards are timed alone. A process that ignores the lock cannot be stopped, but it makes
+runs each step (a prefill, a decode chunk) under `shared()`; the sandbox's trusted worker holds `timing()` only
+around an evaluation's timed sections (the calibration and the profile, well under a second each for the tasks
+of the paper's window) and `shared()` around its untimed GPU work (reference stage, verification: `SharedUse`,
+let go between two trials while a timer waits). While a timer holds the lock the sampler pauses at its next step
+boundary, and rewards are timed alone. A process that ignores the lock cannot be stopped, but it makes
 the timer wait past `timeout_s` only if it also holds the lock; otherwise it simply runs unnoticed - the
 node therefore also counts timings taken without the lock (`contended`) and reports them.
 
@@ -179,3 +181,50 @@ class DeviceTimingLock:
             return True
         finally:
             os.close(fd)
+
+
+class SharedUse:
+    """The lock held shared over a span of untimed GPU work (a context manager), let go and taken again at each
+    `pause()` while a timer waits, so that the timer waits for one step of the span (a verify trial, a decode
+    chunk), not for all of it. With lock None it does nothing.
+
+    wait_s: seconds spent waiting to take the lock (first take and every pause), for the caller's accounting.
+    Raises OSError from the lock files (e.g. a folder of another user) on entry, as `DeviceTimingLock.shared`.
+    """
+
+    def __init__(self, lock: "DeviceTimingLock | None", timeout_s: float | None = None):
+        self.lock, self.timeout_s = lock, timeout_s
+        self.wait_s = 0.0
+        self._section: contextlib.ExitStack | None = None
+
+    def _take(self) -> None:
+        if self.lock is None:
+            return
+        section = contextlib.ExitStack()
+        t0 = time.monotonic()
+        section.enter_context(self.lock.shared(self.timeout_s))
+        self.wait_s += time.monotonic() - t0
+        self._section = section
+
+    def _release(self) -> None:
+        section, self._section = self._section, None
+        if section is not None:
+            section.close()
+
+    def __enter__(self) -> "SharedUse":
+        self._take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release()
+
+    @property
+    def held(self) -> bool:
+        """The lock is held shared now (inside the span, between pauses)."""
+        return self._section is not None
+
+    def pause(self) -> None:
+        """Between two steps: when a timer holds or wants the lock, let it go and wait to take it again."""
+        if self._section is not None and self.lock is not None and self.lock.timing_requested():
+            self._release()
+            self._take()

@@ -11,8 +11,9 @@ Prometheus names (all prefixed `cuda_agent_sandbox_`):
   worker_restarts_total             worker processes replaced after dying or hanging (counter)
   contended_total                   results timed without the device's timing lock (counter)
   stage_seconds{stage}              per-stage latency histogram: queue, prebuild, workspace, static_check, build,
-                                    reference, candidate_start, load, verify, profile, timing_lock_wait, total
-                                    (EvalResult.stage_ms), node (accept -> reply)
+                                    reference, candidate_start, load, verify, profile, timing_lock_wait (the timed
+                                    sections' waits for the lock), timing_lock_shared_wait (the untimed GPU work's),
+                                    total (EvalResult.stage_ms), node (accept -> reply)
   gpu_busy_ratio{gpu}               NVML utilisation of each served GPU, last sample (gauge)
 Log keys (one line every `log_interval_s`): sandbox/queue_depth, sandbox/busy_workers, sandbox/jobs_<status>,
 sandbox/rejected_<reason>, sandbox/worker_restarts, sandbox/<stage>_p50_ms and _p95_ms over the last 1,000 jobs.
@@ -32,7 +33,7 @@ log = logging.getLogger("sandbox.service")
 
 PREFIX = "cuda_agent_sandbox"
 STAGES = ("queue", "prebuild", "workspace", "static_check", "build", "reference", "candidate_start", "load", "verify",
-          "profile", "timing_lock_wait", "total", "node")
+          "profile", "timing_lock_wait", "timing_lock_shared_wait", "total", "node")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 600, float("inf"))
 
 

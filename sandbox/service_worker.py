@@ -56,7 +56,6 @@ def _die_with_parent() -> None:
 
 def _evaluate(evaluators: "collections.OrderedDict[str, Any]", base: Any, msg: dict, max_evaluators: int) -> dict:
     from sandbox.evaluator import Evaluator
-    from sandbox.service_lock import DeviceTimingLock
     from tasks.schema import Task
 
     overrides = msg.get("settings") or {}
@@ -70,18 +69,9 @@ def _evaluate(evaluators: "collections.OrderedDict[str, Any]", base: Any, msg: d
             old.close()
     evaluators.move_to_end(ekey)
     task = Task.from_dict(msg["task"])
-    lock = msg.get("lock")
     t0 = time.perf_counter()
-    if lock:
-        with DeviceTimingLock(lock["key"], lock["dir"]).timing(float(lock["timeout_s"])) as state:
-            res = ev.evaluate(task, msg["files"], msg["format"])
-        res.stage_ms["timing_lock_wait"] = state.wait_ms
-        if not state.acquired:
-            res.contended = True
-            res.log.append(f"timing lock {lock['key']} not had within {lock['timeout_s']} s: other work may have "
-                           "shared the device while this was timed; re-measure before trusting the reward")
-    else:
-        res = ev.evaluate(task, msg["files"], msg["format"])
+    # the trusted worker holds the lock around the timed sections only (sandbox.reference_worker._JobLock)
+    res = ev.evaluate(task, msg["files"], msg["format"], timing_lock=msg.get("lock"))
     return {"op": "result", "job_id": msg["job_id"], "result": res.to_dict(),
             "worker_ms": (time.perf_counter() - t0) * 1e3}
 

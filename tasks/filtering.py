@@ -105,6 +105,13 @@ class FilterConfig:
         are configured with another).
       oom_retries: a task whose check runs the device out of memory is checked again this many times (after the
         worker empties torch's cache and waits 1-3 s: workers sharing a GPU come and go); then out_of_memory.
+      device_memory_fraction: device "cuda", pool only: the share of each GPU's memory that the charges of the
+        tasks in flight on it may reach; a task whose charge does not fit waits for one that runs to finish (a
+        task is always let in on a GPU with nothing in flight). 0 turns this admission off. Without it, 16
+        workers on GPU-sized tasks ran one H200 out of memory on 42 of 94 tasks (benchmarks/RESULTS.md).
+      memory_charge_factor: a task's charge is this times its footprint estimate (tasks.sizing.footprint_bytes
+        of a meta-device trace: inputs + parameters + the two largest ops), bytes: the checks hold two runs'
+        outputs, a perturbed run's and torch.compile's besides (Verdict.peak_device_bytes gives the real peak).
     """
 
     device: str = "cpu"
@@ -131,6 +138,8 @@ class FilterConfig:
     timing_lock_timeout_s: float = 10.0
     timing_lock_dir: str = ""
     oom_retries: int = 2
+    device_memory_fraction: float = 0.85
+    memory_charge_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if self.device not in DEFAULT_WINDOWS_MS:
@@ -150,6 +159,9 @@ class FilterConfig:
         if self.timing_lock_timeout_s < 0 or self.oom_retries < 0:
             raise ValueError(f"timing_lock_timeout_s and oom_retries must be >= 0, got {self.timing_lock_timeout_s}"
                              f" and {self.oom_retries}")
+        if not 0 <= self.device_memory_fraction <= 1 or self.memory_charge_factor <= 0:
+            raise ValueError(f"device_memory_fraction must be in [0, 1] and memory_charge_factor > 0, got "
+                             f"{self.device_memory_fraction} and {self.memory_charge_factor}")
 
     @property
     def window(self) -> tuple[float, float]:
@@ -176,6 +188,10 @@ class Verdict:
       oom_retries: times the check was run again after the device ran out of memory.
       lock_wait_s: time spent waiting for the GPU's timing lock (shared and exclusive sections), seconds, over every
         attempt of the check (out-of-memory retries and autosize rounds included, as check_s).
+      footprint_bytes: the forward's footprint estimate at the checked sizes (tasks.sizing.footprint_bytes), bytes;
+        recorded in an accepted task's metadata, where the pool's memory admission reads it.
+      peak_device_bytes: device "cuda": the most device memory torch's allocator held for the check at once, bytes
+        (torch.cuda.max_memory_allocated over every attempt; 0 on the CPU).
     """
 
     task_id: str
@@ -194,6 +210,8 @@ class Verdict:
     contended: bool = False
     oom_retries: int = 0
     lock_wait_s: float = 0.0
+    footprint_bytes: int = 0
+    peak_device_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -430,6 +448,10 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     base_ms: float | None = None
     tried = [dict(task.shape_params)]
     lock_wait_s = 0.0  # over every attempt; each attempt's Verdict starts from 0
+    if cfg.device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
     while True:
         # a device out-of-memory error is checked again (an autosize round's is the size's fault: no retry)
         retries = cfg.oom_retries if cfg.device == "cuda" and rounds == 0 else 0
@@ -482,12 +504,17 @@ def check_task(task: Task, cfg: FilterConfig) -> Verdict:
     v.check_s = time.perf_counter() - t_start
     v.lock_wait_s = lock_wait_s
     v.device_name = _device_name(cfg.device)
+    if cfg.device == "cuda":
+        import torch
+
+        v.peak_device_bytes = int(torch.cuda.max_memory_allocated())
     return v
 
 
 def _is_oom(e: BaseException) -> bool:
-    """A device out-of-memory error: torch.OutOfMemoryError, also as the cause of another (torch.compile wraps it in
-    BackendCompilerFailed, whose `inner_exception` it is). A task that exhausts host memory is its own fault."""
+    """A device out-of-memory error: torch.OutOfMemoryError or a torch.AcceleratorError saying "out of memory", also
+    as the cause of another (torch.compile wraps it in BackendCompilerFailed, whose `inner_exception` it is). A
+    task that exhausts host memory is its own fault."""
     import torch
 
     seen: set[int] = set()
@@ -498,6 +525,11 @@ def _is_oom(e: BaseException) -> bool:
             continue
         seen.add(id(x))
         if isinstance(x, torch.OutOfMemoryError):
+            return True
+        # a CUDA call (not the caching allocator) that found the device's memory taken, e.g. a library's workspace:
+        # "CUDA error: out of memory" as torch.AcceleratorError (seen on the H200 with 16 workers on one GPU)
+        accel = getattr(torch, "AcceleratorError", None)
+        if accel is not None and isinstance(x, accel) and "out of memory" in _describe(x, with_traceback=False):
             return True
         inner = getattr(x, "inner_exception", None)
         todo += [x.__cause__, x.__context__, inner if isinstance(inner, BaseException) else None]
@@ -598,6 +630,9 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
         except Exception:  # data-dependent references do not trace on meta tensors: trace the real run
             tr = trace_module(mod, device=device)
             v.signature, v.flops, v.bytes = list(tr.signature), tr.total_flops, tr.total_bytes
+        from tasks.sizing import footprint_bytes
+
+        v.footprint_bytes = footprint_bytes(tr)
         share.pause()
         _check_outputs(out1, cfg)
         if cfg.check_dead:
@@ -633,46 +668,36 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
 
 
 class _SharedGpu:
-    """The GPU's timing lock held shared over a task's untimed GPU work (a context manager), or nothing: CPU, lock
-    off, a timer that kept it past timing_lock_timeout_s (the work runs anyway; that timer's result is the one
-    flagged), or lock files this user may not open (warned once). `pause()`, between two forwards: while a timer
-    waits for the lock, it is let go and taken again, so a sandbox node on the same GPU waits for one forward of
-    the filter's, not for its whole pass."""
+    """The GPU's timing lock held shared over a task's untimed GPU work (a context manager over
+    sandbox.service_lock.SharedUse), or nothing: CPU, lock off, a timer that kept it past timing_lock_timeout_s
+    (the work runs anyway; that timer's result is the one flagged), or lock files this user may not open (warned
+    once). `pause()`, between two forwards: while a timer waits for the lock, it is let go and taken again, so a
+    sandbox node on the same GPU waits for one forward of the filter's, not for its whole pass. The waits are
+    added to the verdict's lock_wait_s."""
 
     def __init__(self, lock: Any, cfg: FilterConfig, v: Verdict):
-        self.lock, self.timeout_s, self.v = lock, cfg.timing_lock_timeout_s, v
-        self.section: Any = None
+        from sandbox.service_lock import SharedUse
 
-    def _take(self) -> None:
-        if self.lock is None:
-            return
-        section = contextlib.ExitStack()
-        t0 = time.monotonic()
-        try:
-            section.enter_context(self.lock.shared(self.timeout_s))
-            self.v.lock_wait_s += time.monotonic() - t0
-        except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes under their own uid)
-            _warn_lock(self.lock, e)
-            self.lock = None
-            return
-        self.section = section
-
-    def _release(self) -> None:
-        section, self.section = self.section, None
-        if section is not None:
-            section.close()
+        self.v = v
+        self.use = SharedUse(lock, cfg.timing_lock_timeout_s) if lock is not None else None
 
     def __enter__(self) -> "_SharedGpu":
-        self._take()
+        if self.use is not None:
+            try:
+                self.use.__enter__()
+            except OSError as e:  # e.g. the lock folder belongs to another user (sandbox nodes under their own uid)
+                _warn_lock(self.use.lock, e)
+                self.use = None
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._release()
+        if self.use is not None:
+            self.use.__exit__(*exc)
+            self.v.lock_wait_s += self.use.wait_s
 
     def pause(self) -> None:
-        if self.section is not None and self.lock.timing_requested():
-            self._release()
-            self._take()
+        if self.use is not None:
+            self.use.pause()
 
 
 def _timed_ms(lock: Any, v: Verdict, fn: Any, device: str, cfg: FilterConfig,
@@ -715,8 +740,11 @@ def _worker_main(conn, cfg_dict: dict, slot: int = 0) -> None:
     import torch
 
     torch.set_num_threads(cfg.cpu_threads)
-    if cfg.device == "cuda":  # workers beyond the GPU count share a GPU (timing lock)
-        torch.cuda.set_device(slot % torch.cuda.device_count())
+    ready: dict[str, Any] = {"pid": os.getpid(), "gpu": -1, "memory_bytes": 0}
+    if cfg.device == "cuda":  # workers beyond the GPU count share a GPU (timing lock, memory admission)
+        ready["gpu"] = slot % torch.cuda.device_count()
+        torch.cuda.set_device(ready["gpu"])
+        ready["memory_bytes"] = int(torch.cuda.get_device_properties(ready["gpu"]).total_memory)
     if cfg.warm_compile and cfg.check_compile:
         try:
             f = torch.compile(lambda a: torch.relu(a) * 2 + 1)
@@ -724,7 +752,7 @@ def _worker_main(conn, cfg_dict: dict, slot: int = 0) -> None:
             torch._dynamo.reset()
         except Exception:  # noqa: BLE001 - the real check will report it per task
             pass
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", ready))
     while True:
         try:
             msg = conn.recv()
@@ -753,6 +781,20 @@ class _Slot:
     deadline: float = 0.0
     done: int = 0
     started: float = 0.0
+    gpu: int = -1  # CUDA ordinal of the worker's GPU (-1: CPU)
+    memory_bytes: int = 0  # that GPU's total memory
+    charge: int = 0  # memory charge of the task it runs, bytes
+
+
+def memory_charge_bytes(task: Task, cfg: FilterConfig) -> int:
+    """Device memory a task's check is charged in the pool's admission, bytes: FilterConfig.memory_charge_factor
+    times the task's recorded footprint (metadata "footprint_bytes", tasks.sizing.footprint_bytes: the built-in
+    GPU split and every task this filter accepted on a GPU carry it). 0 for a task without one (it is let in and
+    relies on oom_retries): the pool never runs task code itself, so it does not trace it."""
+    try:
+        return max(0, int(cfg.memory_charge_factor * float(task.metadata.get("footprint_bytes") or 0)))
+    except (TypeError, ValueError):
+        return 0
 
 
 class FilterPool:
@@ -773,6 +815,9 @@ class FilterPool:
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot] = []
         self._queue: list[Task] = []
+        self._charges: dict[int, int] = {}  # id(task) -> memory charge, bytes (read once, at dispatch)
+        self._head_skips = 0  # times the queue's head was passed over for lack of memory
+        self.admission_waits = 0  # dispatch rounds in which a free worker held back for lack of device memory
 
     def __enter__(self) -> "FilterPool":
         return self
@@ -815,10 +860,37 @@ class FilterPool:
         while len(self._slots) < min(self.cfg.workers, self.pending):
             self._slots.append(self._spawn(len(self._slots)))
 
+    def _charge(self, task: Task) -> int:
+        key = id(task)
+        if key not in self._charges:
+            self._charges[key] = memory_charge_bytes(task, self.cfg)
+        return self._charges[key]
+
+    def _admit(self, s: _Slot) -> int | None:
+        """Index in the queue of the first task that fits in what s's GPU has left (FilterConfig.
+        device_memory_fraction), or None. Tasks behind the head may pass it while it does not fit, until it has
+        been passed over 2 x workers times; then only the head may go (it is not starved by smaller tasks)."""
+        if s.gpu < 0 or self.cfg.device_memory_fraction <= 0 or not s.memory_bytes:
+            return 0
+        in_flight = [o.charge for o in self._slots if o.task is not None and o.gpu == s.gpu]
+        room = self.cfg.device_memory_fraction * s.memory_bytes - sum(in_flight)
+        limit = 1 if self._head_skips >= 2 * self.cfg.workers else len(self._queue)
+        for i, task in enumerate(self._queue[:limit]):
+            if self._charge(task) <= room or not in_flight:
+                self._head_skips = 0 if i == 0 else self._head_skips + 1
+                return i
+        self._head_skips += 1
+        self.admission_waits += 1
+        return None
+
     def _dispatch(self) -> None:
         for s in self._slots:
             if s.ready and s.task is None and self._queue:
-                s.task = self._queue.pop(0)
+                i = self._admit(s)
+                if i is None:
+                    continue
+                s.task = self._queue.pop(i)
+                s.charge = self._charges.pop(id(s.task), 0)
                 s.deadline = time.monotonic() + self.cfg.task_timeout_s
                 s.conn.send(s.task.to_dict())
 
@@ -842,10 +914,11 @@ class FilterPool:
                 else:
                     if kind == "ready":
                         s.ready = True
+                        s.gpu, s.memory_bytes = int(payload["gpu"]), int(payload["memory_bytes"])
                         self._start_failures = 0
                     elif kind == "verdict" and s.task is not None:
                         done.append((s.task, Verdict.from_dict(payload)))
-                        s.task = None
+                        s.task, s.charge = None, 0
                         s.done += 1
                         if s.done >= self.cfg.max_tasks_per_worker:
                             self._replace(i)
@@ -913,6 +986,10 @@ def accepted_task(task: Task, v: Verdict, cfg: FilterConfig) -> Task:
     meta = dict(task.metadata)
     meta.update(signature=v.signature, output_shapes=v.output_shapes, flops=v.flops, bytes=v.bytes,
                 filter_device=cfg.device, filter_threads=cfg.cpu_threads)
+    if v.footprint_bytes:
+        meta["footprint_bytes"] = v.footprint_bytes
+    if v.peak_device_bytes:
+        meta["filter_peak_device_bytes"] = v.peak_device_bytes
     if v.eager_ms is not None:
         meta["eager_ms"] = round(v.eager_ms, 4)
     if v.compile_ms is not None:

@@ -6,9 +6,10 @@ Splits (plain functions, no registry):
   - "cpu_train", "cpu_eval": synthesized + filtered tasks sized for the CPU backend (eager 0.1-20 ms at
     one thread on the 2-core build machine, measured; metadata["eager_ms"]).
   - "gpu_train", "gpu_eval": synthesized + filtered tasks of the same kind re-sized for the GPU window
-    (1-100 ms eager on an H200). Their eager times are *estimates* (tasks.sizing, roofline with H200
-    figures; metadata["eager_ms_estimate_h200"], metadata["gpu_timing_status"] == "unmeasured") until
-    measured on an H200. metadata["cpu_shape_params"] gives a small size at which they were checked on a
+    (1-100 ms eager on an H200), measured there by the filter (`python -m tasks.builtin.measure_gpu` writes the
+    measurement in: metadata["eager_ms"], metadata["gpu_timing_status"] "measured" / "contended"; the sizing's
+    roofline estimate stays in metadata["eager_ms_estimate_h200"]; tasks the GPU filter rejected are dropped,
+    MANIFEST.json's "gpu_measured" says which and why). metadata["cpu_shape_params"] gives a small size at which they were checked on a
     CPU; `at_cpu_size(task)` returns that version.
   - "cpu_family_train", "cpu_family_eval": synthesized + filtered (same filter, CPU-sized) compositions of only
     the operators the demonstration generator covers (tasks.demos.ir's fused family), so that every training task

@@ -272,6 +272,20 @@ def test_jax_policy_waits_while_the_sandbox_times_on_its_gpu(tokenizer, tmp_path
     t.join()
     assert policy.lock_wait_s >= 0.5  # the wait is counted: at least the 0.5 s the timer held the lock
 
+    class CountingLock(DeviceTimingLock):  # the real lock, counting its shared sections
+        entered = 0
+
+        def shared(self, timeout_s=None):
+            CountingLock.entered += 1
+            return super().shared(timeout_s)
+
+    stepped = JaxPolicy(sampler, version=4, timing_lock=CountingLock("gpu-test", tmp_path))
+    long = [SamplingParams(max_new_tokens=24, temperature=0.0, stop_token_ids=())]
+    assert len(stepped.generate([[1, 2, 3]], long)[0].tokens) == 24
+    # the lock is taken per device step, not per call: the prefill, then each 8-step decode chunk, so a timer
+    # waits for one chunk at most
+    assert CountingLock.entered >= 1 + 23 // 8, CountingLock.entered
+
 
 def test_refresher_refuses_weights_that_do_not_fit_and_takes_the_next(tmp_path):
     from _helpers import free_port

@@ -152,3 +152,57 @@ if rc == 0:
     assert res.status == "ok", res.message
     assert not outside.exists() and not accepted
     assert res.isolation["mode"] == "namespaces"
+
+
+def test_timing_lock_is_held_exclusively_only_around_the_timed_sections(cpu_evaluator, tmp_path):
+    """With a timing lock, the trusted worker takes it exclusively for the calibration and the profile only, and
+    shared (so that a sampler on the same GPU runs beside it) for the reference stage and verification. A thread
+    here watches the lock's intent file (what a sampler's `timing_requested()` sees) every 2 ms: the time it was
+    held must fit inside the timed sections' stage times, well short of the whole evaluation (an evaluation-wide
+    lock, as before, would hold it through candidate start, load and verify too)."""
+    import threading
+    import time
+
+    from sandbox.service_lock import DeviceTimingLock
+
+    lock = DeviceTimingLock("cpu-test-sections", tmp_path)
+    held_s, stop = [0.0], threading.Event()
+
+    def watch() -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            time.sleep(0.002)
+            now = time.monotonic()
+            if lock.timing_requested():
+                held_s[0] += now - last
+            last = now
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        res = cpu_evaluator.evaluate(load_task(TASK), FAST, "cpu",
+                                     timing_lock={"key": lock.key, "dir": str(tmp_path), "timeout_s": 5.0})
+    finally:
+        stop.set()
+        t.join()
+    assert res.status == "ok" and not res.contended, (res.status, res.message)
+    st = res.stage_ms
+    assert "timing_lock_wait" in st and "timing_lock_shared_wait" in st and st["timing_lock_wait"] < 1000
+    timed_ms = st["calibration"] + st["profile"]
+    untimed_ms = st["candidate_start"] + st["load"] + st["verify"]
+    assert held_s[0] > 0, "the lock was never taken exclusively"
+    assert held_s[0] * 1e3 <= timed_ms + 100, (held_s[0], st)
+    assert held_s[0] * 1e3 < st["total"] - 0.5 * untimed_ms, (held_s[0], st)
+
+
+def test_a_timed_section_without_the_lock_is_flagged_contended(cpu_evaluator, tmp_path):
+    from sandbox.service_lock import DeviceTimingLock
+
+    lock = DeviceTimingLock("cpu-test-busy", tmp_path)
+    with lock.timing(timeout_s=1.0) as state:  # someone else times on this device for the whole evaluation
+        assert state.acquired
+        res = cpu_evaluator.evaluate(load_task(TASK), FAST, "cpu",
+                                     timing_lock={"key": lock.key, "dir": str(tmp_path), "timeout_s": 0.3})
+    assert res.status == "ok" and res.contended
+    assert res.stage_ms["timing_lock_wait"] >= 2 * 300 - 50  # calibration and profile each waited out 0.3 s
+    assert any("re-measure" in line for line in res.log)

@@ -175,6 +175,9 @@ def test_out_of_memory_is_the_tasks_fault_on_the_cpu_and_classified_through_wrap
         wrapped = RuntimeError("backend compiler failed")
         wrapped.inner_exception = oom
     assert _is_oom(oom) and _is_oom(wrapped) and not _is_oom(RuntimeError("CUDA error: out of memory"))
+    if hasattr(torch, "AcceleratorError"):  # a CUDA call's own out-of-memory error (a library workspace)
+        assert _is_oom(torch.AcceleratorError("CUDA error: out of memory"))
+        assert not _is_oom(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"))
     try:
         try:
             raise oom
@@ -349,7 +352,7 @@ def test_untimed_gpu_work_lets_a_waiting_timer_in_between_two_forwards(tmp_path)
         t0 = time.monotonic()
         share.pause()
         waited_s = time.monotonic() - t0
-        assert share.section is not None  # held again
+        assert share.use.held  # held again
         acquired, wait_ms = got.get(timeout=30)
     timer.join(30)
     assert acquired and waited_s >= 0.25, (acquired, wait_ms, waited_s)
@@ -365,3 +368,72 @@ def _time_under_lock(lock_dir: str, hold_s: float, got) -> None:
     with DeviceTimingLock("gpu-test", lock_dir=lock_dir).timing(20.0) as st:
         time.sleep(hold_s)
     got.put((st.acquired, st.wait_ms))
+
+
+def test_pool_admits_tasks_by_their_memory_charge_per_gpu():
+    """The pool's device-memory admission (FilterConfig.device_memory_fraction): a free worker gets the first
+    queued task whose charge fits in what its GPU has left; a GPU with nothing in flight takes any task; a head
+    passed over 2 x workers times stops smaller tasks from passing it. The workers here are the parent's ends of
+    real pipes standing in for workers that reported a GPU (no GPU on this machine), so what is dispatched is read
+    off the pipes."""
+    import multiprocessing as mp
+
+    from tasks.filtering import _Slot, memory_charge_bytes
+
+    cfg = FilterConfig(device="cuda", workers=2, device_memory_fraction=0.5, memory_charge_factor=2.0)
+    gib = 1 << 30
+    sized = lambda name, gb: make("return x * 2", task_id=name, metadata={"footprint_bytes": gb * gib})  # noqa: E731
+    assert memory_charge_bytes(sized("a", 10), cfg) == 20 * gib
+    assert memory_charge_bytes(make("return x * 2"), cfg) == 0  # no recorded footprint: no charge
+    pool = FilterPool(cfg)
+    ends = []
+    for gpu in (0, 0):  # two workers sharing one 100 GiB GPU: 50 GiB of charges in flight at most
+        mine, theirs = mp.Pipe()
+        ends.append(theirs)
+        pool._slots.append(_Slot(proc=None, conn=mine, ready=True, gpu=gpu, memory_bytes=100 * gib))
+    sent = lambda i: ends[i].recv()["id"] if ends[i].poll(0.5) else None  # noqa: E731
+    pool._queue = [sized("big", 20), sized("big2", 20), sized("small", 2)]
+    pool._dispatch()
+    # worker 0 takes "big" (charge 40 GiB); worker 1 may not take "big2" (40 + 40 > 50) but takes "small" (4)
+    assert (sent(0), sent(1)) == ("big", "small")
+    assert [t.id for t in pool._queue] == ["big2"] and pool._slots[0].charge == 40 * gib
+    # "small" finishes: "big2" still does not fit beside "big", the free worker waits
+    pool._slots[1].task, pool._slots[1].charge = None, 0
+    pool._dispatch()
+    assert sent(1) is None and pool.admission_waits == 1
+    # "big" finishes too: "big2" goes
+    pool._slots[0].task, pool._slots[0].charge = None, 0
+    pool._dispatch()
+    assert sent(0) == "big2" and not pool._queue
+    # the head ("big3", 40) does not fit beside "big2" (40): small tasks (2) pass it, 2 x workers times, then it
+    # is the only one that may go, and it waits
+    pool._queue = [sized("big3", 20)] + [sized(f"s{i}", 1) for i in range(8)]
+    got = []
+    for _ in range(8):
+        pool._dispatch()
+        name = sent(1)
+        if name:
+            got.append(name)
+            pool._slots[1].task, pool._slots[1].charge = None, 0
+    assert got == ["s0", "s1", "s2", "s3"], got
+    assert pool._queue[0].id == "big3"
+    # "big2" finishes: the GPU is empty, so a task over the whole share goes alone
+    pool._slots[0].task, pool._slots[0].charge = None, 0
+    pool._queue = [sized("huge", 60)] + pool._queue
+    pool._dispatch()
+    assert sent(0) == "huge" and pool._slots[0].charge == 120 * gib
+    assert sent(1) is None  # and nothing goes beside it
+    # a CPU pool admits everything (no GPU reported)
+    cpu = FilterPool(FilterConfig(workers=1))
+    mine, theirs = mp.Pipe()
+    cpu._slots.append(_Slot(proc=None, conn=mine, ready=True))
+    cpu._queue = [sized("any", 10 ** 6)]
+    cpu._dispatch()
+    assert theirs.recv()["id"] == "any"
+
+
+def test_memory_admission_settings_are_validated():
+    with pytest.raises(ValueError, match="device_memory_fraction"):
+        FilterConfig(device_memory_fraction=1.5)
+    with pytest.raises(ValueError, match="memory_charge_factor"):
+        FilterConfig(memory_charge_factor=0)
