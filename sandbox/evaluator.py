@@ -150,10 +150,12 @@ class Evaluator:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _job_timeout(self, load_timeout: float) -> float:
+    def _job_timeout(self, load_timeout: float, timing_lock: dict | None = None) -> float:
         c = self.cfg
+        # with a lock: its two timed sections' waits, and a wait for another timer at each step of the shared work
+        lock_s = (c.num_trials + 5) * float(timing_lock["timeout_s"]) if timing_lock else 0.0
         return c.reference_timeout_s + load_timeout + c.num_trials * c.trial_timeout_s * 1.5 + \
-            c.profile_timeout_s + 60.0
+            c.profile_timeout_s + 60.0 + lock_s
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, task: Task, files: dict[str, str], fmt: str, timing_lock: dict | None = None) -> EvalResult:
@@ -247,7 +249,7 @@ class Evaluator:
                 "writable": writable, "extra_env": extra_env, "load_timeout_s": load_timeout,
                 "timing_lock": timing_lock,
             }
-            out = self._call_worker(job, self._job_timeout(load_timeout))
+            out = self._call_worker(job, self._job_timeout(load_timeout, timing_lock))
             res = self._assemble(out, base, b)
             return finish(res)
         finally:

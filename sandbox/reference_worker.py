@@ -859,7 +859,9 @@ class _JobLock:
         self.shared: list[SharedUse] = []
 
     def untimed(self) -> SharedUse:
-        use = SharedUse(self.lock, self.timeout_s)
+        # no timeout: untimed work never runs without the lock (a timer that got it then would time beside it
+        # unflagged); a shared wait ends with the timer's section, itself bounded by the timer's own time limits
+        use = SharedUse(self.lock, None)
         self.shared.append(use)
         return use
 
@@ -918,6 +920,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         return reference_failed(e, traceback.format_exc())
     ref: dict[str, Any] = {}
     gpu = _JobLock(job.get("timing_lock"))
+    span = contextlib.ExitStack()  # the lock held shared from the candidate's load to the end of verification
 
     def reference_stage() -> None:
         """Trial inputs from fresh secret seeds, their reference outputs, the profile's estimate (trusted work)."""
@@ -994,6 +997,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             state.segment_bytes = max(state.segment_bytes, needed)
             # What the rest of the evaluation needs, made in the background from here on (Prefetch: never while
             # anything is timed).
+            share = span.enter_context(gpu.untimed())  # load and verify: the candidate runs on the GPU
             pf = Prefetch(cuda, device)
             value_job = pf.submit(_value_variant_job, state) if cfg.value_variant else None
             shape_jobs = [(ov, pf.submit(_shape_variant_job, job, cache, device, ov, cfg.shape_variant_trials))
@@ -1030,21 +1034,21 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # trial i's outputs are compared while the candidate runs trial i + 1 (a failure of trial i still ends the
         # evaluation first, with trial i's verdict)
         pending: tuple | None = None
-        with gpu.untimed() as share:
-            for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
-                share.pause()
-                reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
-                             cfg.trial_timeout_s, f"trial {i}", (lambda p=pending: check(*p)) if pending else None)
-                evidence.add(reply, f"trial {i}")
-                pending = (i, reply, ref)
-            if pending is not None:
-                check(*pending)
+        # inside the shared span (span): let go between two trials while a timer waits
+        for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
             share.pause()
-            if value_job is not None:
-                _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
-            share.pause()
-            if shape_jobs:
-                _verify_shape_variants(cand, job, state, shape_jobs, cfg, atol, rtol, io, prec, evidence, out)
+            reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
+                         cfg.trial_timeout_s, f"trial {i}", (lambda p=pending: check(*p)) if pending else None)
+            evidence.add(reply, f"trial {i}")
+            pending = (i, reply, ref)
+        if pending is not None:
+            check(*pending)
+        share.pause()
+        if value_job is not None:
+            _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
+        share.pause()
+        if shape_jobs:
+            _verify_shape_variants(cand, job, state, shape_jobs, cfg, atol, rtol, io, prec, evidence, out)
         out["log"].extend(evidence.summary())
         out["stage_ms"]["verify"] = (time.perf_counter() - t2) * 1e3
         if not cfg.profile:
@@ -1053,7 +1057,12 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # ---------------------------------------------------------------- profile
         t3 = time.perf_counter()
         torch.set_num_threads(cfg.cpu_threads)
+        # the shared span ends before the exclusive section (this process would wait for itself); the input thread
+        # is held meanwhile, so none of this job's GPU work runs while the lock is not held
+        pf.pause()
+        span.close()
         with gpu.timed():
+            pf.resume()
             timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt,
                               prec, calib)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
@@ -1067,6 +1076,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             out["detail"] = f.detail  # type: ignore[attr-defined]
         return out
     finally:
+        span.close()
         gpu.record(out)
         if pf is not None:
             pf.cancel()

@@ -189,12 +189,16 @@ class SharedUse:
     chunk), not for all of it. With lock None it does nothing.
 
     wait_s: seconds spent waiting to take the lock (first take and every pause), for the caller's accounting.
+    timeout_s: None (the default) waits as long as a timer holds the lock, so the work never runs without it; with a
+    timeout the work goes on unlocked once it passes (`got` turns False), and a timer that takes the lock then times
+    beside it unflagged: give one only to work that may disturb timings.
     Raises OSError from the lock files (e.g. a folder of another user) on entry, as `DeviceTimingLock.shared`.
     """
 
     def __init__(self, lock: "DeviceTimingLock | None", timeout_s: float | None = None):
         self.lock, self.timeout_s = lock, timeout_s
         self.wait_s = 0.0
+        self.got = True  # False once a take ran out of timeout_s: the work then ran without the lock
         self._section: contextlib.ExitStack | None = None
 
     def _take(self) -> None:
@@ -202,7 +206,7 @@ class SharedUse:
             return
         section = contextlib.ExitStack()
         t0 = time.monotonic()
-        section.enter_context(self.lock.shared(self.timeout_s))
+        self.got = section.enter_context(self.lock.shared(self.timeout_s)) and self.got
         self.wait_s += time.monotonic() - t0
         self._section = section
 

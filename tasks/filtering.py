@@ -98,8 +98,8 @@ class FilterConfig:
         take), holding it shared around the rest of a task's GPU work (let go between steps while a timer waits),
         so that workers sharing a GPU time eager and torch.compile alone. A timing that could not have the lock is
         flagged (Verdict.contended).
-      timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), and an
-        untimed one before running anyway, s (the sandbox node's own timing timeout is 10 s). Lock waits count
+      timing_lock_timeout_s: how long a timed section waits for the lock before timing anyway (contended), s (an
+        untimed section waits for as long as a timer holds it: it never runs without the lock) (the sandbox node's own timing timeout is 10 s). Lock waits count
         against task_timeout_s.
       timing_lock_dir: the lock files' folder; "" = sandbox.service_lock's default (give the nodes' own when they
         are configured with another).
@@ -669,9 +669,8 @@ def _check_task(task: Task, cfg: FilterConfig, v: Verdict) -> None:
 
 class _SharedGpu:
     """The GPU's timing lock held shared over a task's untimed GPU work (a context manager over
-    sandbox.service_lock.SharedUse), or nothing: CPU, lock off, a timer that kept it past timing_lock_timeout_s
-    (the work runs anyway; that timer's result is the one flagged), or lock files this user may not open (warned
-    once). `pause()`, between two forwards: while a timer waits for the lock, it is let go and taken again, so a
+    sandbox.service_lock.SharedUse, waiting as long as a timer holds it), or nothing: CPU, lock off, or lock files
+    this user may not open (warned once). `pause()`, between two forwards: while a timer waits for the lock, it is let go and taken again, so a
     sandbox node on the same GPU waits for one forward of the filter's, not for its whole pass. The waits are
     added to the verdict's lock_wait_s."""
 
@@ -679,7 +678,9 @@ class _SharedGpu:
         from sandbox.service_lock import SharedUse
 
         self.v = v
-        self.use = SharedUse(lock, cfg.timing_lock_timeout_s) if lock is not None else None
+        # no timeout: untimed GPU work never runs without the lock, where a timer that got it would time beside it
+        # unflagged (the wait counts against task_timeout_s)
+        self.use = SharedUse(lock, None) if lock is not None else None
 
     def __enter__(self) -> "_SharedGpu":
         if self.use is not None:
@@ -879,7 +880,6 @@ class FilterPool:
             if self._charge(task) <= room or not in_flight:
                 self._head_skips = 0 if i == 0 else self._head_skips + 1
                 return i
-        self._head_skips += 1
         self.admission_waits += 1
         return None
 

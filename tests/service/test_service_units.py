@@ -267,3 +267,39 @@ def test_visible_gpu_key_names_the_physical_gpu_behind_a_cuda_ordinal(monkeypatc
     assert visible_gpu_key(2) == gpu_device_key(2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert visible_gpu_key() == gpu_device_key("0")
+
+
+def test_shared_use_waits_out_a_timer_and_only_runs_unlocked_with_a_timeout(tmp_path):
+    """sandbox.service_lock.SharedUse: without a timeout, untimed work waits for as long as a timer holds the lock
+    (it never runs beside a timing); with one, it goes on once the timeout passes and says so (`got` False)."""
+    import threading
+    import time
+
+    from sandbox.service_lock import DeviceTimingLock, SharedUse
+
+    lock = DeviceTimingLock("gpu-shared-use", tmp_path)
+    inside, release = threading.Event(), threading.Event()
+
+    def timer() -> None:
+        with lock.timing(timeout_s=5.0) as st:
+            assert st.acquired
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=timer)
+    t.start()
+    assert inside.wait(5)
+    threading.Timer(0.5, release.set).start()
+    t0 = time.monotonic()
+    with SharedUse(lock) as use:  # no timeout: waits for the timer's whole section
+        assert time.monotonic() - t0 >= 0.45 and use.got and use.held and use.wait_s >= 0.45
+    t.join(5)
+    inside.clear(), release.clear()
+    t = threading.Thread(target=timer)
+    t.start()
+    assert inside.wait(5)
+    t0 = time.monotonic()
+    with SharedUse(lock, timeout_s=0.1) as use:  # with a timeout: runs unlocked after it, and records that
+        assert 0.08 <= time.monotonic() - t0 < 2.0 and not use.got
+    release.set()
+    t.join(5)
