@@ -342,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--sandbox", default="", help="existing node endpoints (comma-separated); default: a local node")
     ap.add_argument("--workers", type=int, default=0, help="local node's verify/profile workers (0 = node default)")
+    ap.add_argument("--node-gpus", default="", help="local node's GPUs (CUDA_VISIBLE_DEVICES entries, comma-separated;"
+                    " default: every visible one). With --sampler-gpus, the sampler and the node get GPUs of their own"
+                    " (their timing-lock keys then differ, so neither waits for the other)")
+    ap.add_argument("--sampler-gpus", default="", help="CUDA_VISIBLE_DEVICES of this process (the JAX sampler), set "
+                    "before JAX starts; default: inherited")
     ap.add_argument("--episodes", type=int, default=1000, help="most measured episodes (the budget ends it first)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="measured phase, hard: running episodes are "
                                                                   "cancelled at its end")
@@ -392,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     note(f"start: {results['machine']}; budgets: warm-up {args.warmup_budget_s:.0f} s, measured {args.budget_s:.0f} s "
          f"(ramp {ramp:.0f} s), total {total_budget:.0f} s")
 
+    if args.sampler_gpus:  # before JAX (and torch) start: the node's workers set their own per worker
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.sampler_gpus
+    results.update(node_gpus=args.node_gpus or "all visible", sampler_gpus=args.sampler_gpus or "inherited")
     from actors.sampler import configure_device_memory
 
     configure_device_memory(args.mem_fraction)
@@ -432,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.fast_sandbox:
             sb = SandboxConfig(backend=backend, num_trials=2, reps=5, use_compile=False, bootstrap_samples=500)
         node = SandboxNode(ServiceConfig(endpoint="tcp://127.0.0.1:0", node_id="bench-node", workers=args.workers,
-                                         metrics_port=-1, sandbox=sb)).start()
+                                         gpus=args.node_gpus, metrics_port=-1, sandbox=sb)).start()
         endpoints = [node.endpoint]
         note(f"sandbox node started at {node.endpoint} ({node.n_workers} worker(s) coming up in the background)")
     corpus = load_corpus(fmt, [t for t in args.tasks.split(",") if t] or None)

@@ -9,6 +9,8 @@
 #
 # Environment:
 #   GPU_TESTS=0        skip the tests (benchmarks only)
+#   ACTOR_ARGS="..."   extra actor_bench.py arguments (e.g. "--workers 3", or "--sampler-gpus 0 --node-gpus 1"
+#                      on a 2-GPU machine: the sampler and the node on GPUs of their own)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
@@ -66,7 +68,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
              tar -C "$out/learner_x" -czf "$out/xaccel.tar.gz" xaccel 2>/dev/null && rm -rf "$out/learner_x/xaccel" ;;
     actor)   run_bench actor 280 python3 benchmarks/actor_bench.py --out "$out/actor" \
                --tasks elementwise_chain,row_softmax,layer_norm,matmul --warmup-budget-s 90 --budget-s 110 \
-               --total-budget-s 265 --jax-cache-dir /tmp/cuda-agent-jax-cache ;;
+               --total-budget-s 265 --jax-cache-dir /tmp/cuda-agent-jax-cache ${ACTOR_ARGS:-} ;;
     fleet)   run_bench fleet $(( ${FLEET_BUDGET_S:-280} + 20 )) python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" \
                --budget-s "${FLEET_BUDGET_S:-280}" ;;
     overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         kept[s] = tasks
         record["dropped"].update(dropped)
         record["counts"][f"gpu_{s}"] = len(tasks)
+    if not all(kept.values()):
+        raise SystemExit(f"a split would be empty ({ {s: len(t) for s, t in kept.items()} } kept): nothing written")
     rep = diversity_report(kept["train"] + kept["eval"])
     record["diversity"] = {"categories": rep.categories, "depths": {str(k): v for k, v in rep.depths.items()},
                            "problems": rep.problems}
