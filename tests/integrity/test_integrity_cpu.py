@@ -68,6 +68,7 @@ INCORRECT = {
     "precision_cut": "precision",
     "heap_reuse": "timed_output_mismatch",
     "replay_copy_when_timed": "timed_output_mismatch",
+    "finalizer_after_return": "timed_output_mismatch",
 }
 
 
