@@ -1034,19 +1034,27 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # trial i's outputs are compared while the candidate runs trial i + 1 (a failure of trial i still ends the
         # evaluation first, with trial i's verdict)
         pending: tuple | None = None
-        # inside the shared span (span): let go between two trials while a timer waits
+
+        def let_timer_in() -> None:
+            """Inside the shared span, between two trials: while a timer waits, let the lock go with the input
+            thread held (its GPU work must not run beside that timing either), and take it again."""
+            if share.lock is not None and share.lock.timing_requested():
+                pf.pause()
+                share.pause()
+                pf.resume()
+
         for i, (x, ref) in enumerate(zip(inputs_cpu, ref_outs)):
-            share.pause()
+            let_timer_in()
             reply = _run(cand, {"op": "run", "inputs": cand.encode_inputs(x, io), "poison": cfg.poison_outputs},
                          cfg.trial_timeout_s, f"trial {i}", (lambda p=pending: check(*p)) if pending else None)
             evidence.add(reply, f"trial {i}")
             pending = (i, reply, ref)
         if pending is not None:
             check(*pending)
-        share.pause()
+        let_timer_in()
         if value_job is not None:
             _verify_value_variant(cand, value_job.result(), cfg, atol, rtol, io, prec, evidence, out)
-        share.pause()
+        let_timer_in()
         if shape_jobs:
             _verify_shape_variants(cand, job, state, shape_jobs, cfg, atol, rtol, io, prec, evidence, out)
         out["log"].extend(evidence.summary())
