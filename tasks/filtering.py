@@ -816,7 +816,6 @@ class FilterPool:
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot] = []
         self._queue: list[Task] = []
-        self._charges: dict[int, int] = {}  # id(task) -> memory charge, bytes (read once, at dispatch)
         self._head_skips = 0  # times the queue's head was passed over for lack of memory
         self.admission_waits = 0  # dispatch rounds in which a free worker held back for lack of device memory
 
@@ -861,12 +860,6 @@ class FilterPool:
         while len(self._slots) < min(self.cfg.workers, self.pending):
             self._slots.append(self._spawn(len(self._slots)))
 
-    def _charge(self, task: Task) -> int:
-        key = id(task)
-        if key not in self._charges:
-            self._charges[key] = memory_charge_bytes(task, self.cfg)
-        return self._charges[key]
-
     def _admit(self, s: _Slot) -> int | None:
         """Index in the queue of the first task that fits in what s's GPU has left (FilterConfig.
         device_memory_fraction), or None. Tasks behind the head may pass it while it does not fit, until it has
@@ -877,7 +870,7 @@ class FilterPool:
         room = self.cfg.device_memory_fraction * s.memory_bytes - sum(in_flight)
         limit = 1 if self._head_skips >= 2 * self.cfg.workers else len(self._queue)
         for i, task in enumerate(self._queue[:limit]):
-            if self._charge(task) <= room or not in_flight:
+            if memory_charge_bytes(task, self.cfg) <= room or not in_flight:
                 self._head_skips = 0 if i == 0 else self._head_skips + 1
                 return i
         self.admission_waits += 1
@@ -890,7 +883,7 @@ class FilterPool:
                 if i is None:
                     continue
                 s.task = self._queue.pop(i)
-                s.charge = self._charges.pop(id(s.task), 0)
+                s.charge = memory_charge_bytes(s.task, self.cfg)
                 s.deadline = time.monotonic() + self.cfg.task_timeout_s
                 s.conn.send(s.task.to_dict())
 

@@ -154,21 +154,36 @@ if rc == 0:
     assert res.isolation["mode"] == "namespaces"
 
 
+def _evaluate_beside(ev, background, lock, timeout_s: float):
+    """Evaluate FAST under the device lock `lock` (timeout_s for its timed sections) while `background(stop)` runs
+    in a thread; the thread is stopped and joined before returning the result."""
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=background, args=(stop,))
+    t.start()
+    try:
+        return ev.evaluate(load_task(TASK), FAST, "cpu",
+                           timing_lock={"key": lock.key, "dir": str(lock.dir), "timeout_s": timeout_s})
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_timing_lock_is_held_exclusively_only_around_the_timed_sections(cpu_evaluator, tmp_path):
     """With a timing lock, the trusted worker takes it exclusively for the calibration and the profile only, and
     shared (so that a sampler on the same GPU runs beside it) for the reference stage and verification. A thread
     here watches the lock's intent file (what a sampler's `timing_requested()` sees) every 2 ms: the time it was
     held must fit inside the timed sections' stage times, well short of the whole evaluation (an evaluation-wide
     lock, as before, would hold it through candidate start, load and verify too)."""
-    import threading
     import time
 
     from sandbox.service_lock import DeviceTimingLock
 
     lock = DeviceTimingLock("cpu-test-sections", tmp_path)
-    held_s, stop = [0.0], threading.Event()
+    held_s = [0.0]
 
-    def watch() -> None:
+    def watch(stop) -> None:
         last = time.monotonic()
         while not stop.is_set():
             time.sleep(0.002)
@@ -177,14 +192,7 @@ def test_timing_lock_is_held_exclusively_only_around_the_timed_sections(cpu_eval
                 held_s[0] += now - last
             last = now
 
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
-        res = cpu_evaluator.evaluate(load_task(TASK), FAST, "cpu",
-                                     timing_lock={"key": lock.key, "dir": str(tmp_path), "timeout_s": 5.0})
-    finally:
-        stop.set()
-        t.join()
+    res = _evaluate_beside(cpu_evaluator, watch, lock, 5.0)
     assert res.status == "ok" and not res.contended, (res.status, res.message)
     st = res.stage_ms
     assert "timing_lock_wait" in st and "timing_lock_shared_wait" in st and st["timing_lock_wait"] < 1000
@@ -214,28 +222,20 @@ def test_an_evaluation_takes_turns_with_another_timer_on_its_device(cpu_evaluato
     """Another worker's timer asks for the lock every 20 ms and holds it 10 ms while an evaluation runs: the
     evaluation's untimed work lets it in (between trials, with its input thread held) and waits for it, its own timed
     sections wait their turn within their timeout, and the result is correct and not contended."""
-    import threading
 
     from sandbox.service_lock import DeviceTimingLock
 
     lock = DeviceTimingLock("cpu-test-turns", tmp_path)
-    stop, turns = threading.Event(), [0]
+    turns = [0]
 
-    def other_timer() -> None:
+    def other_timer(stop) -> None:
         while not stop.wait(0.02):
             with lock.timing(timeout_s=5.0) as st:
                 if st.acquired:
                     turns[0] += 1
                     stop.wait(0.01)
 
-    t = threading.Thread(target=other_timer)
-    t.start()
-    try:
-        res = cpu_evaluator.evaluate(load_task(TASK), FAST, "cpu",
-                                     timing_lock={"key": lock.key, "dir": str(tmp_path), "timeout_s": 5.0})
-    finally:
-        stop.set()
-        t.join()
+    res = _evaluate_beside(cpu_evaluator, other_timer, lock, 5.0)
     assert res.status == "ok" and not res.contended, (res.status, res.message)
     assert turns[0] >= 1  # the other timer had the device during the evaluation
     assert res.stage_ms["timing_lock_shared_wait"] + res.stage_ms["timing_lock_wait"] > 0
