@@ -189,13 +189,16 @@ def build_tokenizer(corpus: dict) -> Any:
 
 
 def node_status(client: Any) -> dict[str, float]:
-    """Summed cumulative worker busy seconds and worker count over the live nodes."""
-    busy, workers = 0.0, 0
+    """Summed cumulative worker busy seconds, worker count, and the seconds the node's jobs held the GPU's timing
+    lock exclusively (calibration, profile) and spent in the profile's timed requests, over the live nodes."""
+    busy, workers, held, timed = 0.0, 0, 0.0, 0.0
     for n in client.nodes().values():
         st = n.get("status") or {}
         busy += float(st.get("worker_busy_s", 0.0))
         workers += int(st.get("workers", 0))
-    return {"worker_busy_s": busy, "workers": workers}
+        held += float((st.get("stage_s") or {}).get("timing_lock_held", 0.0))
+        timed += float((st.get("stage_s") or {}).get("profile_timed", 0.0))
+    return {"worker_busy_s": busy, "workers": workers, "timing_lock_held_s": held, "profile_timed_s": timed}
 
 
 def expected_prompt_lengths(chat: Any, corpus: dict, policy: "ReplayPolicy", fmt: str, max_turns: int, skill: str,
@@ -330,6 +333,10 @@ def window_figures(a: dict, b: dict, workers: int) -> dict:
             "sampling_busy": d["sampling_s"] / wall, "sandbox_busy": d["sandbox_s"] / wall, "both": d["both_s"] / wall,
             "idle": d["idle_s"] / wall,
             "node_worker_busy": (b["worker_busy_s"] - a["worker_busy_s"]) / wall / max(1, workers),
+            # jobs that finished in the window: seconds they held the timing lock exclusively, and of those the
+            # profile's timed requests (the rest is the harness's host work inside the exclusive sections)
+            "node_timing_lock_held_s": b.get("timing_lock_held_s", 0.0) - a.get("timing_lock_held_s", 0.0),
+            "node_profile_timed_s": b.get("profile_timed_s", 0.0) - a.get("profile_timed_s", 0.0),
             "sampler_calls": calls, "mean_batch": turns / max(1, calls),
             "sampled_tokens_per_s": (b["tokens"] - a["tokens"]) / wall,
             "prefill_s": b["prefill_s"] - a["prefill_s"], "decode_s": b["decode_s"] - a["decode_s"],
@@ -643,6 +650,8 @@ def _table(results: dict, args: Any) -> None:
             ("sandbox busy", f"{w['sandbox_busy']:.0%} (sandbox idle {1 - w['sandbox_busy']:.0%})"),
             ("both / neither", f"{w['both']:.0%} / {w['idle']:.0%}"),
             ("node worker busy", f"{w['node_worker_busy']:.0%}"),
+            ("node timing lock held exclusively", f"{w.get('node_timing_lock_held_s', 0.0):.0f} s of the window "
+                                                  f"({w.get('node_profile_timed_s', 0.0):.0f} s in timed requests)"),
             ("sampler calls, mean / max batch", f"{w['sampler_calls']}, {w['mean_batch']:.1f} / {m['max_batch']}"),
             ("sampled tokens / s", f"{w['sampled_tokens_per_s']:.0f} (prefill {w['prefill_s']:.0f} s, decode "
                                    f"{w['decode_s']:.0f} s)"),

@@ -8,8 +8,8 @@ Sections
            updates until the mean reward is half-way to the maximum, final reward. CPU is enough.
   update   one PPO update (learner.train_step.ppo_update) on a 0.5B-class model (Qwen2.5-0.5B shape, fp32
            parameters, bf16 compute, remat, cuDNN attention on a GPU) at sequence 8192: 16 rows, minibatch 8,
-           microbatch 1 (8 accumulated; `--variants mb2:remat,mb1:noremat,...` measures other microbatch /
-           remat settings one after another in the same run), 1 epoch; the critic is the same backbone with a value head. Combined
+           microbatch 1 (8 accumulated; `--variants mb2:remat,mb1:noremat,mb2:save_dots,...` measures other
+           microbatch / remat settings one after another in the same run), 1 epoch; the critic is the same backbone with a value head. Combined
            tokens/s, model TFLOP/s, MFU, peak device memory. Model FLOPs per token of one update: proximal
            logprobs forward (2P + 2A) + critic values forward (2Pc + 2A) + policy train (6P + 6A) + critic
            train (6Pc + 6A), where P (Pc) are the matmul parameters of the policy (critic; no vocabulary
@@ -82,14 +82,15 @@ def bench_learns(smoke: bool) -> dict:
 # ------------------------------------------------------------------------------------------------ update
 
 
-def _models(shape: dict, gpu: bool, seed: int = 0, remat: bool = True):
+def _models(shape: dict, gpu: bool, seed: int = 0, remat: bool = True, remat_policy: str = "full"):
     import jax
     from flax import nnx
 
     from learner.model import Critic, ModelConfig, Transformer
 
     cfg = ModelConfig(**shape, param_dtype="float32", dtype="bfloat16" if gpu else "float32",
-                      attention_impl="cudnn" if gpu else "xla", remat=remat, max_position_embeddings=32768)
+                      attention_impl="cudnn" if gpu else "xla", remat=remat, remat_policy=remat_policy,
+                      max_position_embeddings=32768)
     # parameters made on the device by a jitted init (no host round trip)
     abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(seed)))
     graphdef, _ = nnx.split(abstract)
@@ -126,24 +127,29 @@ def _rollout(n_rows: int, seq: int, vocab: int, seed: int = 0):
     return RolloutBatch(seq_b, jnp.asarray(behav), jnp.asarray(rewards))
 
 
-def parse_variants(text: str) -> list[tuple[int, bool]]:
-    """'mb1:remat,mb2:noremat' -> [(1, True), (2, False)]: microbatch rows and rematerialisation per variant.
+REMAT_VARIANTS = {"remat": (True, "full"), "noremat": (False, "full"), "save_dots": (True, "save_dots")}
+
+
+def parse_variants(text: str) -> list[tuple[int, str]]:
+    """'mb1:remat,mb2:save_dots' -> [(1, "remat"), (2, "save_dots")]: microbatch rows and rematerialisation per
+    variant (remat: recompute each layer; save_dots: recompute it but keep its projection matmuls' outputs,
+    `ModelConfig.remat_policy`; noremat: keep everything).
 
     Raises:
-      ValueError: a variant that is not mbN:remat or mbN:noremat (N >= 1).
+      ValueError: a variant that is not mbN:<one of REMAT_VARIANTS> (N >= 1).
     """
     out = []
     for v in (x.strip() for x in text.split(",") if x.strip()):
         mb, _, rm = v.partition(":")
-        if not (mb.startswith("mb") and mb[2:].isdigit() and int(mb[2:]) >= 1 and rm in ("remat", "noremat")):
-            raise ValueError(f"--variants: {v!r} is not mbN:remat or mbN:noremat (N >= 1)")
-        out.append((int(mb[2:]), rm == "remat"))
+        if not (mb.startswith("mb") and mb[2:].isdigit() and int(mb[2:]) >= 1 and rm in REMAT_VARIANTS):
+            raise ValueError(f"--variants: {v!r} is not mbN:{'|'.join(REMAT_VARIANTS)} (N >= 1)")
+        out.append((int(mb[2:]), rm))
     if not out:
         raise ValueError("--variants: no variant given")
     return out
 
 
-def bench_update_variants(smoke: bool, reps: int, variants: list[tuple[int, bool]]) -> list[dict]:
+def bench_update_variants(smoke: bool, reps: int, variants: list[tuple[int, str]]) -> list[dict]:
     """bench_update per (microbatch, remat) variant, in one run; a variant that fails (e.g. device memory
     exhausted) is recorded with its error and the next one runs."""
     out = []
@@ -157,7 +163,7 @@ def bench_update_variants(smoke: bool, reps: int, variants: list[tuple[int, bool
     return out
 
 
-def bench_update(smoke: bool, reps: int, micro: int = 1, remat: bool = True) -> dict:
+def bench_update(smoke: bool, reps: int, micro: int = 1, remat: str = "remat") -> dict:
     import jax
 
     from learner import sharding
@@ -171,7 +177,8 @@ def bench_update(smoke: bool, reps: int, micro: int = 1, remat: bool = True) -> 
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
     ppo = PPOConfig(minibatch_size=mb, microbatch_size=micro, epochs=1, logits_chunk_size=64 if smoke else 1024)
     opt = OptimizerConfig(lr=1e-6, warmup_steps=0)
-    _, policy_model, critic_model = _models(shape, gpu, remat=remat)
+    on, policy_name = REMAT_VARIANTS[remat]
+    _, policy_model, critic_model = _models(shape, gpu, remat=on, remat_policy=policy_name)
     policy = create_train_state(policy_model, opt, ppo, mesh)
     critic = create_train_state(critic_model, opt, ppo, mesh)
     del policy_model, critic_model
@@ -423,8 +430,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes: the same code paths on CPU")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default="mb1:remat",
-                    help="update section: comma-separated mbN:remat / mbN:noremat (microbatch rows, "
-                         "rematerialisation), measured one after another in this run")
+                    help="update section: comma-separated mbN:remat / mbN:noremat / mbN:save_dots (microbatch "
+                         "rows, rematerialisation), measured one after another in this run")
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--publish-dtype", default="bfloat16")
     ap.add_argument("--io-threads", default="4", help="publish section: comma-separated ZeroMQ I/O thread counts of "

@@ -40,6 +40,7 @@ from flax import nnx
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_IMPLS = ("xla", "cudnn", "chunked")
+REMAT_POLICIES = ("full", "save_dots")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _NEG_INF = -1e30  # finite "minus infinity" for masked attention scores (fully masked rows stay finite)
 
@@ -87,6 +88,12 @@ class ModelConfig:
     """Longest position the checkpoint was made for (informational; yarn's default original length)."""
     remat: bool = False
     """Recompute each layer's activations in the backward pass (jax.checkpoint around the scanned layer)."""
+    remat_policy: str = "full"
+    """What a rematerialised layer keeps for the backward pass: "full" keeps only the layer's input (everything
+    is recomputed); "save_dots" also keeps the outputs of its projection matmuls (jax.checkpoint_policies.
+    dots_with_no_batch_dims_saveable: norms, rotary, activations and attention are recomputed, the projections
+    are not). save_dots costs about 2 bytes x (3 x hidden + 2 x kv width + 3 x intermediate) per token and
+    layer in bf16. Only read when `remat` is on."""
     attention_impl: str = "xla"
     """"xla": scores materialised [B,H,T,T] (any backend; the reference); "cudnn": cuDNN flash attention
     (NVIDIA GPU, bf16 compute); "chunked": queries in chunks of `attention_chunk_size` under jax.checkpoint
@@ -113,6 +120,8 @@ class ModelConfig:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
                              f"got {self.attention_impl!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if self.rope_theta <= 0:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
         if self.rope_scaling is not None:
@@ -458,7 +467,9 @@ class Backbone(nnx.Module):
             return layer_forward(config, layer, carry, cos, sin, segment_ids, lengths), None
 
         if config.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+            policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if config.remat_policy == "save_dots"
+                      else None)
+            body = jax.checkpoint(body, prevent_cse=False, policy=policy)
         x, _ = jax.lax.scan(body, x, self.layers.layer_params())
         return rms_norm(x, self.final_norm[...], config.rms_norm_eps, config.jnp_dtype)
 

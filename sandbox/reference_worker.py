@@ -848,13 +848,14 @@ class _JobLock:
     """The device's timing lock over one job (job["timing_lock"]: key, dir, timeout_s; absent: no lock, nothing
     is held): shared around the job's untimed GPU work (the reference stage, verification: let go between two
     trials while a timer waits), exclusive around its timed sections (calibration, profile), so that a sampler or
-    another worker on the GPU runs beside everything but the timing. `record` writes the waits (ms) and
-    `contended` (a timed section that could not have the lock within timeout_s ran anyway) into the job's out."""
+    another worker on the GPU runs beside everything but the timing. `record` writes the waits and the exclusive hold (ms)
+    and `contended` (a timed section that could not have the lock within timeout_s ran anyway) into the job's out."""
 
     def __init__(self, spec: dict | None):
         self.lock = DeviceTimingLock(spec["key"], spec["dir"]) if spec else None
         self.timeout_s = float(spec["timeout_s"]) if spec else 0.0
         self.timed_wait_ms = 0.0
+        self.timed_held_ms = 0.0
         self.acquired = True
         self.shared: list[SharedUse] = []
 
@@ -873,12 +874,17 @@ class _JobLock:
         with self.lock.timing(self.timeout_s) as state:
             self.timed_wait_ms += state.wait_ms
             self.acquired = self.acquired and state.acquired
-            yield
+            t = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.timed_held_ms += (time.perf_counter() - t) * 1e3
 
     def record(self, out: dict) -> None:
         if self.lock is None:
             return
         out["stage_ms"]["timing_lock_wait"] = self.timed_wait_ms
+        out["stage_ms"]["timing_lock_held"] = self.timed_held_ms
         out["stage_ms"]["timing_lock_shared_wait"] = sum(u.wait_s for u in self.shared) * 1e3
         if not self.acquired:
             out["contended"] = True
@@ -1500,6 +1506,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         ref_outs: list = []
         order = impls[r % len(impls):] + impls[: r % len(impls)]
         for im in order:
+            t_im = time.perf_counter()
             if im == "eager":
                 with pf.quiet():
                     res = timer.run(eager, sets_dev, ref_outs.append, label="eager")
@@ -1557,6 +1564,9 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     cpu_walls.append(wall)
                     ms += over / max(cfg.cpu_threads, 1) / calls
                 samples[im].append(ms)
+            # the repetition's timed requests, their trusted bookkeeping included (the profile's rest: input
+            # transfer, output checks, the early-stop look, gate and warm-up)
+            out["stage_ms"]["profile_timed"] = out["stage_ms"].get("profile_timed", 0.0) + (time.perf_counter() - t_im) * 1e3
         if early:
             full = r == first_full or rng.random() < max(cfg.full_checks - 1.0, 0.0) / cfg.reps
         else:

@@ -33,7 +33,8 @@ log = logging.getLogger("sandbox.service")
 
 PREFIX = "cuda_agent_sandbox"
 STAGES = ("queue", "prebuild", "workspace", "static_check", "build", "reference", "candidate_start", "load", "verify",
-          "profile", "timing_lock_wait", "timing_lock_shared_wait", "total", "node")
+          "profile", "profile_timed", "timing_lock_wait", "timing_lock_shared_wait", "timing_lock_held", "total",
+          "node")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 600, float("inf"))
 
 
@@ -62,6 +63,7 @@ class NodeMetrics:
         self.gpu_util_integral = 0.0     # sum of (utilisation 0..1) x seconds, averaged over GPUs
         self.gpu_time_s = 0.0            # seconds covered by GPU samples
         self.worker_busy_s = 0.0         # sum over workers of seconds spent on jobs
+        self.stage_s: collections.Counter[str] = collections.Counter()  # per stage: seconds summed over jobs
         self._busy_since: dict[int, float] = {}
         self._priorities: set[int] = set()
         self._http = None
@@ -74,6 +76,7 @@ class NodeMetrics:
             for s, ms in stage_ms.items():
                 if s in self._recent and isinstance(ms, (int, float)):
                     self._recent[s].append(float(ms))
+                    self.stage_s[s] += float(ms) / 1e3
         for s, ms in stage_ms.items():
             if s in STAGES and isinstance(ms, (int, float)):
                 self.stage.labels(s).observe(float(ms) / 1e3)
@@ -202,4 +205,6 @@ class NodeMetrics:
         with self._lock:
             counts = dict(self.counts)
             gpu = (self.gpu_util_integral, self.gpu_time_s)
-        return {"counts": counts, "worker_busy_s": self.busy_seconds(), "gpu_util_s": gpu[0], "gpu_time_s": gpu[1]}
+            stage_s = dict(self.stage_s)
+        return {"counts": counts, "worker_busy_s": self.busy_seconds(), "gpu_util_s": gpu[0], "gpu_time_s": gpu[1],
+                "stage_s": stage_s}

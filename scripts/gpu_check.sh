@@ -11,6 +11,8 @@
 #   GPU_TESTS=0        skip the tests (benchmarks only)
 #   ACTOR_ARGS="..."   extra actor_bench.py arguments (e.g. "--workers 3", or "--sampler-gpus 0 --node-gpus 1"
 #                      on a 2-GPU machine: the sampler and the node on GPUs of their own)
+#   LEARNER_VARIANTS   learner_bench.py --variants (default mb1:remat,mb2:remat,mb1:noremat); LEARNER_SECTIONS
+#                      its --sections (default update,publish)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
@@ -62,7 +64,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --ext-builds 2 --evals 8 --sections build,e2e ;;
     noise)   run_bench noise 220 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_noise" --sections noise ;;
     learner) run_bench learner 300 python3 benchmarks/learner_bench.py --out "$out/learner" \
-               --sections update,publish --versions 3 --reps 3 --variants mb1:remat,mb2:remat,mb1:noremat \
+               --sections "${LEARNER_SECTIONS:-update,publish}" --versions 3 --reps 3 \
+               --variants "${LEARNER_VARIANTS:-mb1:remat,mb2:remat,mb1:noremat}" \
                --io-threads 1,4 ;;
     xaccel)  run_bench xaccel 60 python3 benchmarks/learner_bench.py --out "$out/learner_x" --sections xaccel_save
              tar -C "$out/learner_x" -czf "$out/xaccel.tar.gz" xaccel 2>/dev/null && rm -rf "$out/learner_x/xaccel" ;;

@@ -112,8 +112,8 @@ def test_remat_gradients_match():
     tokens = jnp.asarray(_tokens(cfg.vocab_size, 2, 12, seed=8))
     pos = jnp.broadcast_to(jnp.arange(12), tokens.shape)
 
-    def grads(remat: bool):
-        model = Transformer(cfg.replace(remat=remat), nnx.Rngs(5))
+    def grads(remat: bool, policy: str = "full"):
+        model = Transformer(cfg.replace(remat=remat, remat_policy=policy), nnx.Rngs(5))
         graphdef, state = nnx.split(model)
 
         def loss(state):
@@ -122,9 +122,16 @@ def test_remat_gradients_match():
 
         return jax.jit(jax.grad(loss))(state)
 
-    g0, g1 = grads(False), grads(True)
-    for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    g0, g1, g2 = grads(False), grads(True), grads(True, "save_dots")
+    assert len(jax.tree.leaves(g0)) == len(jax.tree.leaves(g2)) > 0
+    for x, y, z in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(z), atol=1e-6)
+
+
+def test_remat_policy_is_validated():
+    with pytest.raises(ValueError, match="remat_policy must be one of"):
+        ModelConfig.tiny().replace(remat=True, remat_policy="dots")
 
 
 def test_critic_from_policy_and_own_checkpoint(tmp_path, hf_checkpoints):

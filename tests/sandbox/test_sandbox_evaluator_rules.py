@@ -201,6 +201,10 @@ def test_timing_lock_is_held_exclusively_only_around_the_timed_sections(cpu_eval
     assert held_s[0] > 0, "the lock was never taken exclusively"
     assert held_s[0] * 1e3 <= timed_ms + 100, (held_s[0], st)
     assert held_s[0] * 1e3 < st["total"] - 0.5 * untimed_ms, (held_s[0], st)
+    # the job's own account of its exclusive hold agrees with what the watcher saw, and the profile's timed
+    # requests are a part of the profile
+    assert abs(st["timing_lock_held"] - held_s[0] * 1e3) <= 100 + 0.1 * st["timing_lock_held"], (held_s[0], st)
+    assert 0 < st["profile_timed"] <= st["profile"], st
 
 
 def test_a_timed_section_without_the_lock_is_flagged_contended(cpu_evaluator, tmp_path):

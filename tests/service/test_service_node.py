@@ -50,6 +50,9 @@ def test_results_reuse_and_resent_job_ids(client, node, sols):
     assert wrong.status == "incorrect" and wrong.result["reward"] == -1
     done = wait_until(lambda: (c := node_status(client, node.endpoint)["counts"]).get("jobs_incorrect") and c, 5,
                       "both results in the node's counters")
+    # stage seconds summed over the node's jobs come with the status (clients difference two of them)
+    stage_s = node_status(client, node.endpoint)["stage_s"]
+    assert stage_s["total"] * 1e3 >= st["total"] and stage_s["verify"] > 0, stage_s
     # the same content under a new job id: answered from memory, not evaluated again
     t0 = time.monotonic()
     again = client.run(job(sols["fast"], salt=salt))
