@@ -192,13 +192,17 @@ def node_status(client: Any) -> dict[str, float]:
     """Summed cumulative worker busy seconds, worker count, and the seconds the node's jobs held the GPU's timing
     lock exclusively (calibration, profile) and spent in the profile's timed requests, over the live nodes."""
     busy, workers, held, timed = 0.0, 0, 0.0, 0.0
+    stage_s: dict[str, float] = {}
     for n in client.nodes().values():
         st = n.get("status") or {}
+        for k, v in (st.get("stage_s") or {}).items():
+            stage_s[k] = stage_s.get(k, 0.0) + float(v)
         busy += float(st.get("worker_busy_s", 0.0))
         workers += int(st.get("workers", 0))
         held += float((st.get("stage_s") or {}).get("timing_lock_held", 0.0))
         timed += float((st.get("stage_s") or {}).get("profile_timed", 0.0))
-    return {"worker_busy_s": busy, "workers": workers, "timing_lock_held_s": held, "profile_timed_s": timed}
+    return {"worker_busy_s": busy, "workers": workers, "timing_lock_held_s": held, "profile_timed_s": timed,
+            "stage_s": stage_s}
 
 
 def expected_prompt_lengths(chat: Any, corpus: dict, policy: "ReplayPolicy", fmt: str, max_turns: int, skill: str,
@@ -337,6 +341,7 @@ def window_figures(a: dict, b: dict, workers: int) -> dict:
             # profile's timed requests (the rest is the harness's host work inside the exclusive sections)
             "node_timing_lock_held_s": b.get("timing_lock_held_s", 0.0) - a.get("timing_lock_held_s", 0.0),
             "node_profile_timed_s": b.get("profile_timed_s", 0.0) - a.get("profile_timed_s", 0.0),
+            "node_stage_s": {k: v - (a.get("stage_s") or {}).get(k, 0.0) for k, v in (b.get("stage_s") or {}).items()},
             "sampler_calls": calls, "mean_batch": turns / max(1, calls),
             "sampled_tokens_per_s": (b["tokens"] - a["tokens"]) / wall,
             "prefill_s": b["prefill_s"] - a["prefill_s"], "decode_s": b["decode_s"] - a["decode_s"],
@@ -651,7 +656,9 @@ def _table(results: dict, args: Any) -> None:
             ("both / neither", f"{w['both']:.0%} / {w['idle']:.0%}"),
             ("node worker busy", f"{w['node_worker_busy']:.0%}"),
             ("node timing lock held exclusively", f"{w.get('node_timing_lock_held_s', 0.0):.0f} s of the window "
-                                                  f"({w.get('node_profile_timed_s', 0.0):.0f} s in timed requests)"),
+                                                  f"({w.get('node_profile_timed_s', 0.0):.0f} s in timed requests, "
+                                                  f"{w.get('node_stage_s', {}).get('calibration', 0.0):.0f} s "
+                                                  "calibrating)"),
             ("sampler calls, mean / max batch", f"{w['sampler_calls']}, {w['mean_batch']:.1f} / {m['max_batch']}"),
             ("sampled tokens / s", f"{w['sampled_tokens_per_s']:.0f} (prefill {w['prefill_s']:.0f} s, decode "
                                    f"{w['decode_s']:.0f} s)"),

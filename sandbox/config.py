@@ -119,6 +119,13 @@ class SandboxConfig:
     early_stop_level: float = 0.99
     """Profile: the confidence level of the intervals that may end a profile early (above ci_level: a level the
     early look settles stays the same on the final ci_level intervals)."""
+    calibration_reuse_evals: int = 16
+    """Profile: a task's harness costs (sandbox.reference_worker._calibrate: the fixed and per-call cost of a time
+    request, measured in a fresh candidate process before its solution's import) are reused by up to this many
+    later evaluations of the task on the same worker; each of those still measures its own round trip and makes one
+    warm-up request (the candidate's gate latency) before the import. The measurement moves 6 x (1 + calls) input
+    sets: 13 s an evaluation for a 1 GiB-input task on the H200 (benchmarks/RESULTS.md), all of it with the GPU's
+    timing lock held. 0 = measure in every evaluation."""
     min_rep_ms: float = 2.0
     """Calls per repetition are chosen so that one repetition of eager lasts at least this long."""
     max_calls_per_rep: int = 1000
@@ -239,6 +246,9 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.ci_level must be in [0.5, 1), got {self.ci_level}")
         if not (self.faster_than_eager > 0 and self.faster_than_compile > 0 and self.top_margin > 0):
             raise ValueError("SandboxConfig milestone thresholds must be > 0")
+        if self.calibration_reuse_evals < 0:
+            raise ValueError(f"SandboxConfig.calibration_reuse_evals must be >= 0 (0 = calibrate every evaluation), "
+                             f"got {self.calibration_reuse_evals}")
         if self.early_stop_reps < 0:
             raise ValueError(f"SandboxConfig.early_stop_reps must be >= 0 (0 = always run reps), got {self.early_stop_reps}")
         if not self.ci_level <= self.early_stop_level < 1:

@@ -136,6 +136,8 @@ class TaskState:
         self.segment_bytes = 0  # input segment size the last evaluation needed (0: not evaluated yet)
         self.inputs_on_device = True  # CUDA: get_inputs() runs under torch.device(device) (see make_inputs)
         self.mutates_inputs = False  # the reference writes its inputs in place (seen by reference_outputs)
+        # harness costs measured by an earlier evaluation (_calibrate): (calls, fixed_ms, per_call_ms, uses left)
+        self.calibration: tuple[int, float, float, int] | None = None
 
     def make_inputs(self, seed: int) -> list:
         """The input set for a seed (the candidate gets copies of these tensors, never the seed).
@@ -993,10 +995,18 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 # requests of up to 4 calls: at the profile's own 16 calls the calibration took 140-510 ms an
                 # evaluation on the H200 (each request carries its input sets). At 4 calls its per-call figure is
                 # noisier (0.11-0.36 ms against 0.15-0.23 ms at 16, benchmarks/RESULTS.md): an open trade-off
+                n_cal = min(ref["plan"].calls, 4) if ref["plan"] is not None else 1
+                prev = state.calibration
+                reuse = prev[1:3] if prev is not None and prev[0] == n_cal and prev[3] > 0 else None
                 with gpu.timed():
-                    calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0],
-                                       min(ref["plan"].calls, 4) if ref["plan"] is not None else 1, io,
-                                       log=out["log"])
+                    calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0], n_cal, io,
+                                       log=out["log"], reuse=reuse)
+                if reuse is not None:
+                    state.calibration = (n_cal, reuse[0], reuse[1], prev[3] - 1)
+                    out["log"].append(f"profile: harness costs reused from an earlier evaluation's calibration of this "
+                                      f"task ({prev[3] - 1} more use(s) before it is measured again)")
+                else:
+                    state.calibration = (n_cal, calib[1], calib[2], cfg.calibration_reuse_evals)
                 out["stage_ms"]["calibration"] = (time.perf_counter() - tc) * 1e3
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
@@ -1309,7 +1319,8 @@ def _tensor_list(v: Any) -> list:
 
 
 def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
-               rounds: int = 5, pings: int = 5, log: list | None = None) -> tuple[float, float, float]:
+               rounds: int = 5, pings: int = 5, log: list | None = None,
+               reuse: tuple[float, float] | None = None) -> tuple[float, float, float]:
     """(round trip of an empty request in ms, the harness's fixed cost per time request in ms, its cost per timed
     call in ms), measured before the solution is imported, while only trusted code runs in the candidate's process:
     pings, then `calibrate` requests that go through the time request's path (input sets of the task's shapes, a
@@ -1322,7 +1333,11 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     time a number of calls other than the calibration's then gets the right estimate. One size alone would spread
     the fixed cost over its n calls: with 4 calls calibrated and 16 timed, the estimate would come out 3 x fixed too
     low, which is time a solution could hide outside its clock. The costs are never measured again: the solution's
-    process could delay its answers at will (sandbox.timing)."""
+    process could delay its answers at will (sandbox.timing).
+
+    reuse: (fixed_ms, per_call_ms) from an earlier evaluation's calibration of the same task on this worker
+    (SandboxConfig.calibration_reuse_evals): only the pings and the warm-up request (1 call) run, and those costs
+    are returned with this process's round trip."""
     rtt = math.inf
     for _ in range(pings):
         tp = time.perf_counter()
@@ -1333,8 +1348,8 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     big = max(2, calls)
     costs: dict[int, list[float]] = {1: [], big: []}
     parts: list[dict] = []
-    for k in range(rounds + 1):
-        for n in (1, big):
+    for k in range(1 if reuse is not None else rounds + 1):
+        for n in ((1,) if reuse is not None else (1, big)):
             rec = cand.encode_inputs([zeros] * n, io)
             with _no_collection():
                 tw = time.perf_counter()
@@ -1346,6 +1361,8 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
                 costs[n].append(max(0.0, wall - rtt - loop - prep))
                 if n == big:
                     parts.append(request_parts(reply, wall, rtt, n))
+    if reuse is not None:
+        return rtt, reuse[0], reuse[1]
     one, many = (_median(costs[1]), _median(costs[big]))
     per_call = max(0.0, (many - one) / (big - 1))
     if log is not None and parts:

@@ -243,3 +243,34 @@ def test_an_evaluation_takes_turns_with_another_timer_on_its_device(cpu_evaluato
     assert res.status == "ok" and not res.contended, (res.status, res.message)
     assert turns[0] >= 1  # the other timer had the device during the evaluation
     assert res.stage_ms["timing_lock_shared_wait"] + res.stage_ms["timing_lock_wait"] > 0
+
+
+def test_harness_costs_are_reused_for_a_bounded_number_of_evaluations(tmp_path):
+    """SandboxConfig.calibration_reuse_evals: the first evaluation of a task measures the harness's costs, the next
+    one reuses them (the same figures, said in the log), and once the uses are spent they are measured again."""
+    import re
+
+    from sandbox.evaluator import Evaluator
+
+    pat = re.compile(r"calibrated before the import: round trip [0-9.]+ ms, (harness [0-9.]+ ms per request \+ "
+                     r"[0-9.]+ ms per timed call)")
+    ev = Evaluator(cpu_config(tmp_path, calibration_reuse_evals=1, use_compile=False, reps=3, early_stop_reps=0))
+    try:
+        runs = [ev.evaluate(load_task(TASK), FAST, "cpu") for _ in range(3)]
+    finally:
+        ev.close()
+    assert all(r.status == "ok" for r in runs), [(r.status, r.message) for r in runs]
+    costs = [pat.search("\n".join(r.log)) for r in runs]
+    assert all(costs), [r.log for r in runs]
+    reused = ["harness costs reused" in "\n".join(r.log) for r in runs]
+    assert reused == [False, True, False], reused
+    assert costs[1].group(1) == costs[0].group(1)
+    # the reusing evaluation moved one input set for its calibration instead of 6 x (1 + calls): it is shorter
+    assert runs[1].stage_ms["calibration"] < runs[0].stage_ms["calibration"], [r.stage_ms for r in runs]
+
+
+def test_calibration_reuse_must_not_be_negative():
+    from sandbox.config import SandboxConfig
+
+    with pytest.raises(ValueError, match="calibration_reuse_evals must be >= 0"):
+        SandboxConfig(calibration_reuse_evals=-1)
