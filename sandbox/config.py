@@ -124,8 +124,13 @@ class SandboxConfig:
     request, measured in a fresh candidate process before its solution's import) are reused by up to this many
     later evaluations of the task on the same worker; each of those still measures its own round trip and makes one
     warm-up request (the candidate's gate latency) before the import. The measurement moves 6 x (1 + calls) input
-    sets: 13 s an evaluation for a 1 GiB-input task on the H200 (benchmarks/RESULTS.md), all of it with the GPU's
-    timing lock held. 0 = measure in every evaluation."""
+    sets: 4.9-13 s an evaluation for the fleet bench's x256 corpus tasks on the H200, reused 0.9 s
+    (benchmarks/RESULTS.md, calibration_bench.py), all of it with the GPU's timing lock held.
+    0 = measure in every evaluation."""
+    calibration_reuse_min_ms: float = 500.0
+    """Profile: only a calibration that took at least this long (ms) is reused (calibration_reuse_evals). A short
+    one is measured again in every evaluation: it costs little and follows changes of the host's load (harness
+    costs measured on an idle host and reused on a loaded one would charge an honest solution the difference)."""
     min_rep_ms: float = 2.0
     """Calls per repetition are chosen so that one repetition of eager lasts at least this long."""
     max_calls_per_rep: int = 1000
@@ -249,6 +254,8 @@ class SandboxConfig:
         if self.calibration_reuse_evals < 0:
             raise ValueError(f"SandboxConfig.calibration_reuse_evals must be >= 0 (0 = calibrate every evaluation), "
                              f"got {self.calibration_reuse_evals}")
+        if self.calibration_reuse_min_ms < 0:
+            raise ValueError(f"SandboxConfig.calibration_reuse_min_ms must be >= 0, got {self.calibration_reuse_min_ms}")
         if self.early_stop_reps < 0:
             raise ValueError(f"SandboxConfig.early_stop_reps must be >= 0 (0 = always run reps), got {self.early_stop_reps}")
         if not self.ci_level <= self.early_stop_level < 1:

@@ -1005,8 +1005,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                     state.calibration = (n_cal, reuse[0], reuse[1], prev[3] - 1)
                     out["log"].append(f"profile: harness costs reused from an earlier evaluation's calibration of this "
                                       f"task ({prev[3] - 1} more use(s) before it is measured again)")
-                else:
+                elif (time.perf_counter() - tc) * 1e3 >= cfg.calibration_reuse_min_ms:
                     state.calibration = (n_cal, calib[1], calib[2], cfg.calibration_reuse_evals)
+                else:  # a short calibration is cheaper to repeat than to trust across changes of load
+                    state.calibration = None
                 out["stage_ms"]["calibration"] = (time.perf_counter() - tc) * 1e3
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])

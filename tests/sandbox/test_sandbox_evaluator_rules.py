@@ -247,18 +247,28 @@ def test_an_evaluation_takes_turns_with_another_timer_on_its_device(cpu_evaluato
 
 def test_harness_costs_are_reused_for_a_bounded_number_of_evaluations(tmp_path):
     """SandboxConfig.calibration_reuse_evals: the first evaluation of a task measures the harness's costs, the next
-    one reuses them (the same figures, said in the log), and once the uses are spent they are measured again."""
+    one reuses them (the same figures, said in the log), and once the uses are spent they are measured again; a
+    calibration shorter than calibration_reuse_min_ms is never reused."""
     import re
 
     from sandbox.evaluator import Evaluator
 
     pat = re.compile(r"calibrated before the import: round trip [0-9.]+ ms, (harness [0-9.]+ ms per request \+ "
                      r"[0-9.]+ ms per timed call)")
-    ev = Evaluator(cpu_config(tmp_path, calibration_reuse_evals=1, use_compile=False, reps=3, early_stop_reps=0))
+    ev = Evaluator(cpu_config(tmp_path, calibration_reuse_evals=1, calibration_reuse_min_ms=0.0, use_compile=False,
+                              reps=3, early_stop_reps=0))
     try:
         runs = [ev.evaluate(load_task(TASK), FAST, "cpu") for _ in range(3)]
     finally:
         ev.close()
+    # a calibration shorter than calibration_reuse_min_ms is never reused
+    ev = Evaluator(cpu_config(tmp_path / "default", use_compile=False, reps=3, early_stop_reps=0,
+                              calibration_reuse_min_ms=60_000.0))
+    try:
+        short = [ev.evaluate(load_task(TASK), FAST, "cpu") for _ in range(2)]
+    finally:
+        ev.close()
+    assert not any("harness costs reused" in "\n".join(r.log) for r in short), [r.log for r in short]
     assert all(r.status == "ok" for r in runs), [(r.status, r.message) for r in runs]
     costs = [pat.search("\n".join(r.log)) for r in runs]
     assert all(costs), [r.log for r in runs]
@@ -274,3 +284,5 @@ def test_calibration_reuse_must_not_be_negative():
 
     with pytest.raises(ValueError, match="calibration_reuse_evals must be >= 0"):
         SandboxConfig(calibration_reuse_evals=-1)
+    with pytest.raises(ValueError, match="calibration_reuse_min_ms must be >= 0"):
+        SandboxConfig(calibration_reuse_min_ms=-1.0)
