@@ -15,6 +15,9 @@ Sections
            train (6Pc + 6A), where P (Pc) are the matmul parameters of the policy (critic; no vocabulary
            head) and A = layers x seq x heads x head_dim (causal attention); rematerialised recompute is not
            counted. First call (compile) reported apart.
+  breakdown the update's parts timed one by one with the first --variants setting: critic values and proximal
+           logprobs (forward, all rows), one minibatch's policy and critic train steps; TFLOP/s and MFU each
+           (benchmarks.learner_bench.bench_breakdown).
   xaccel_save / xaccel_restore   across accelerators: `xaccel_save` (on the GPU) trains a tiny policy and
            critic for 2 PPO updates on the synthetic task, writes an Orbax checkpoint plus the parameters
            (npz) and the metrics of update 3 to OUT/xaccel; `xaccel_restore --from DIR` (on another machine,
@@ -163,12 +166,13 @@ def bench_update_variants(smoke: bool, reps: int, variants: list[tuple[int, str]
     return out
 
 
-def bench_update(smoke: bool, reps: int, micro: int = 1, remat: str = "remat") -> dict:
+def _update_setup(smoke: bool, micro: int, remat: str) -> dict:
+    """The update section's shapes, mesh, actor and critic train states and rollout (see the module doc)."""
     import jax
 
     from learner import sharding
     from learner.config import MeshConfig, OptimizerConfig, PPOConfig
-    from learner.train_step import create_train_state, ppo_update
+    from learner.train_step import create_train_state
 
     gpu = jax.devices()[0].platform == "gpu"
     shape = SHAPE_SMOKE if smoke else SHAPE_05B
@@ -183,6 +187,19 @@ def bench_update(smoke: bool, reps: int, micro: int = 1, remat: str = "remat") -
     critic = create_train_state(critic_model, opt, ppo, mesh)
     del policy_model, critic_model
     rollout = sharding.shard_batch(_rollout(rows, seq, shape["vocab_size"]), mesh)
+    return {"shape": shape, "seq": seq, "rows": rows, "mb": mb, "mesh": mesh, "policy": policy, "critic": critic,
+            "rollout": rollout}
+
+
+def bench_update(smoke: bool, reps: int, micro: int = 1, remat: str = "remat") -> dict:
+    import jax
+
+    from learner.train_step import ppo_update
+
+    u = _update_setup(smoke, micro, remat)
+    shape, seq, rows, mb, mesh = u["shape"], u["seq"], u["rows"], u["mb"], u["mesh"]
+    policy, critic, rollout = u["policy"], u["critic"], u["rollout"]
+    del u
     key = jax.random.key(0)
     t = time.perf_counter()
     policy, critic, m = ppo_update(policy, critic, rollout, key, mesh=mesh)
@@ -206,6 +223,58 @@ def bench_update(smoke: bool, reps: int, micro: int = 1, remat: str = "remat") -
     }
     print(f"update: {json.dumps(res)}", flush=True)
     return res
+
+
+def bench_breakdown(smoke: bool, reps: int, micro: int = 1, remat: str = "remat") -> dict:
+    """The update's parts timed one by one (each jitted step alone, after its first call; best of `reps`), with
+    the FLOPs the update section counts for it: critic values and proximal logprobs over all rows (forward only:
+    2 x params + 2 x attention per token), then one minibatch's policy and critic train steps (6x). The policy's
+    parts carry the output head over the whole vocabulary (log-softmax and entropy included) that the critic's
+    lack, so their difference is what the head costs."""
+    import jax
+    import jax.numpy as jnp
+
+    from learner import sharding
+    from learner.train_step import (CriticBatch, PolicyBatch, _micro, _take_rows, compute_advantages,
+                                    critic_train_step, critic_values, policy_logprobs, policy_train_step)
+
+    u = _update_setup(smoke, micro, remat)
+    shape, seq, rows, mb, mesh = u["shape"], u["seq"], u["rows"], u["mb"], u["mesh"]
+    policy, critic, rollout = u["policy"], u["critic"], u["rollout"]
+    del u
+
+    def to_micro(tree):
+        return sharding.shard_batch(jax.tree.map(lambda x: _micro(x, micro), tree), mesh, row_axis=1)
+
+    seq_m = to_micro(rollout.seq)
+    values = critic_values(critic, seq_m).reshape(rollout.seq.tokens.shape)
+    prox = policy_logprobs(policy, seq_m)[0].reshape(rollout.seq.tokens.shape)
+    _, adv, ret = compute_advantages(rollout, values, policy.ppo)
+    pb, cb = _take_rows((PolicyBatch(rollout.seq, rollout.behaviour_logprobs, prox, adv, None),
+                         CriticBatch(rollout.seq, ret, values)), jnp.arange(mb))
+    pb, cb = to_micro(pb), to_micro(cb)
+    p, pc = matmul_params(shape, True), matmul_params(shape, False)
+    a = shape["num_layers"] * seq * shape["num_heads"] * shape["head_dim"]
+    parts = [("critic values (forward)", lambda: critic_values(critic, seq_m), (2 * pc + 2 * a) * rows * seq),
+             ("proximal logprobs (forward)", lambda: policy_logprobs(policy, seq_m), (2 * p + 2 * a) * rows * seq),
+             ("policy train step (1 minibatch)", lambda: policy_train_step(policy, pb), (6 * p + 6 * a) * mb * seq),
+             ("critic train step (1 minibatch)", lambda: critic_train_step(critic, cb), (6 * pc + 6 * a) * mb * seq)]
+    out = []
+    for name, fn, flops in parts:
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        first = time.perf_counter() - t
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            times.append(time.perf_counter() - t)
+        dt = min(times)
+        r = {"part": name, "microbatch": micro, "remat": remat, "s": dt, "s_all": times, "first_call_s": first,
+             "tflops": flops / dt / 1e12, "mfu_datasheet": flops / dt / 1e12 / DATASHEET_TFLOPS}
+        print(f"breakdown: {json.dumps(r)}", flush=True)
+        out.append(r)
+    return {"device": str(jax.devices()[0].device_kind), "rows": rows, "minibatch": mb, "seq": seq, "parts": out}
 
 
 # ------------------------------------------------------------------------------------------------ publish
@@ -411,6 +480,15 @@ def table(res: dict) -> str:
                          f"{100 * u['mfu_measured_ceiling']:.1f}% | {u['update_s']:.3f} | {u['first_call_s']:.1f} | "
                          f"{peak / 2**30 if peak else float('nan'):.2f} |")
         lines.append("")
+    if "breakdown" in res:
+        b = res["breakdown"]
+        lines += [f"breakdown: {b['rows']} rows x {b['seq']} ({b['device']}), minibatch {b['minibatch']}",
+                  "| part | microbatch | remat | s | TFLOP/s | MFU vs 989 | first call s |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in b["parts"]:
+            lines.append(f"| {r['part']} | {r['microbatch']} | {r['remat']} | {r['s']:.3f} | {r['tflops']:.1f} | "
+                         f"{100 * r['mfu_datasheet']:.1f}% | {r['first_call_s']:.1f} |")
+        lines.append("")
     for p in res.get("publish", []):
         lines += [f"publish: {p['bytes'] / 2**20:.1f} MiB ({p['dtype']}) to {p['actors']} actor processes, "
                   f"{p['io_threads']} ZeroMQ I/O threads",
@@ -431,7 +509,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default="mb1:remat",
                     help="update section: comma-separated mbN:remat / mbN:noremat / mbN:save_dots (microbatch "
-                         "rows, rematerialisation), measured one after another in this run")
+                         "rows, rematerialisation), measured one after another in this run; the breakdown "
+                         "section uses the first")
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--publish-dtype", default="bfloat16")
     ap.add_argument("--io-threads", default="4", help="publish section: comma-separated ZeroMQ I/O thread counts of "
@@ -451,6 +530,9 @@ def main() -> None:
         res["learns"] = bench_learns(args.smoke)
     if "update" in sections:
         res["update"] = bench_update_variants(args.smoke, args.reps, parse_variants(args.variants))
+    if "breakdown" in sections:
+        micro, remat = parse_variants(args.variants)[0]
+        res["breakdown"] = bench_breakdown(args.smoke, args.reps, micro, remat)
     if "publish" in sections:
         res["publish"] = [bench_publish(args.smoke, args.versions, args.publish_dtype or None, int(n))
                           for n in args.io_threads.split(",") if n]

@@ -1704,12 +1704,15 @@ def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: floa
     call at random positions (chosen now, after the calls), and, when full_check, one call in full. A mismatch is
     `incorrect` with a `timed_output_mismatch` violation (replayed or cached outputs, work skipped or deferred while
     timed)."""
-    refs = [[t.detach().cpu() for t in _tensor_list(o)] for o in ref_outs]
+    # the reference outputs stay where eager made them: only the sampled positions travel to the CPU (copying every
+    # call's outputs moved calls x output bytes per repetition, with the timing lock held)
+    refs = [[t.detach() for t in _tensor_list(o)] for o in ref_outs]
     if not refs or not refs[0]:
         _run(cand, {"op": "sample", "positions": [], "full": -1}, 60.0, "profile check")
         return
     positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
     full = rng.randrange(len(refs)) if full_check else -1
+    idx = [torch.tensor(p, dtype=torch.long, device=t.device) for p, t in zip(positions, refs[0])]
     reply = _run(cand, {"op": "sample", "positions": positions, "full": full}, 60.0, "profile check")
     try:
         got = wire.decode_value(reply["samples"], io)
@@ -1726,7 +1729,7 @@ def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: floa
         for j, (vals, rt) in enumerate(zip(row, ref)):
             if not positions[j]:
                 continue
-            rv = rt.reshape(-1)[torch.tensor(positions[j], dtype=torch.long)]
+            rv = rt.reshape(-1)[idx[j]].cpu()
             tr = compare(rv, vals, atol, rtol, k)
             if not tr.ok:
                 msg = f"repetition {rep}, timed call {k}, output {j}: {tr.message}"
