@@ -13,6 +13,9 @@ gpu: a local node on every visible GPU (one worker per GPU, a build pool on the 
         evaluated once each with their fast solution (cheap settings); the reference's eager time measured there
         puts the variant in a bucket (< 1 ms, 1-10 ms, 10-100 ms), up to --per-bucket variants per bucket, within
         a quarter of --budget-s;
+        the buckets that the GPU split's measured tasks with cubin demonstrations fall in (--split: 1-10 ms and
+        10-100 ms with the built-in split; its fused demonstration is the fast kind, its naive one the slow kind)
+        take --split-per-bucket of those tasks instead;
      2. per bucket: one unmeasured evaluation per variant (compiles its torch.compile baseline in the worker,
         as training does once per task), then a closed-loop run at saturation (concurrency = 3 x GPUs + 2) of
         that bucket's variants with the --mix of kinds, for an equal share of the remaining --budget-s;
@@ -46,6 +49,7 @@ from sandbox.stress import (DEFAULT_CORPUS, LocalNode, Solution, StressConfig, l
                             run_stress)
 
 BUCKETS = (("<1ms", 0.0, 1.0), ("1-10ms", 1.0, 10.0), ("10-100ms", 10.0, 100.0))
+BUILTIN = str(Path(__file__).resolve().parent.parent / "tasks" / "builtin")
 
 
 def _safe(name: str) -> str:
@@ -135,6 +139,37 @@ def scaled_task(task: dict[str, Any], factor: int) -> dict[str, Any] | None:
     return dict(task, id=f"{task['id']}_x{factor}", reference=ref, shape_params=dict(params, **{name: new}))
 
 
+def split_sets(split_files: list[str], demos_file: str, per_bucket: int) -> dict[str, list[dict[str, Solution]]]:
+    """Per bucket, up to `per_bucket` tasks of the GPU split (tasks whose metadata holds an eager time measured on
+    the H200, `eager_ms_source` "measured") that have cubin demonstrations: the "fused" one as the fast kind and
+    the "naive" one as the slow kind. The tasks with the smallest `footprint_bytes` come first (their evaluations
+    move the least data). Returns {bucket name: [{kind: Solution}]}, only buckets that got a task."""
+    from tasks.schema import Task
+
+    demos: dict[tuple[str, str], dict[str, str]] = {}
+    for line in Path(demos_file).read_text().splitlines():
+        d = json.loads(line)
+        if d["format"] == "cubin":
+            demos[(d["task_id"], d["variant"])] = d["files"]
+    found: dict[str, list[tuple[int, dict[str, Solution]]]] = {b[0]: [] for b in BUCKETS}
+    for f in split_files:
+        for line in Path(f).read_text().splitlines():
+            task = Task.from_dict(json.loads(line)).to_dict()
+            meta = task.get("metadata") or {}
+            eager = meta.get("eager_ms")
+            if meta.get("eager_ms_source") != "measured" or not isinstance(eager, (int, float)):
+                continue
+            if (task["id"], "fused") not in demos:
+                continue
+            kinds = {"fast": "fused", "slow": "naive"}
+            sols = {k: Solution(k, f"{task['id']}/{v}", task, demos[(task["id"], v)], "cubin")
+                    for k, v in kinds.items() if (task["id"], v) in demos}
+            for name, lo, hi in BUCKETS:
+                if lo <= eager < hi:
+                    found[name].append((int(meta.get("footprint_bytes") or 0), sols))
+    return {name: [s for _, s in sorted(v, key=lambda x: x[0])[:per_bucket]] for name, v in found.items() if v}
+
+
 def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
     from sandbox.service import visible_gpus
 
@@ -158,10 +193,19 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
             #    torch.compile, few repetitions); factor by factor, until every bucket has --per-bucket variants or
             #    a quarter of the budget is spent
             variants: dict[str, list[tuple[dict, Solution]]] = {b[0]: [] for b in BUCKETS}
+            # buckets the GPU split fills (its tasks' eager times were measured on the H200 when it was built):
+            # the corpus sizes are searched only for the others
+            split = (split_sets([x for x in args.split.split(",") if x], args.split_demos, args.split_per_bucket)
+                     if args.split else {})
+            for name, sets in split.items():
+                print(f"[{time.monotonic() - t_start:5.0f} s] bucket {name} from the GPU split: "
+                      + ", ".join(f"{d['fast'].task['id']} ({d['fast'].task['metadata']['eager_ms']:.1f} ms)"
+                                  for d in sets), flush=True)
+            need = [b[0] for b in BUCKETS if b[0] not in split]
             quick = {"use_compile": False, "reps": 5, "num_trials": 1}
             for f in factors:
                 for sol in corpus["fast"]:
-                    if all(len(v) >= args.per_bucket for v in variants.values()) or \
+                    if all(len(variants[b]) >= args.per_bucket for b in need) or \
                             time.monotonic() - t_start > args.budget_s / 4:
                         break
                     task = sol.task if f == 1 else scaled_task(sol.task, f)
@@ -178,11 +222,12 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"[{time.monotonic() - t_start:5.0f} s] calibration: {task['id']} {r.status}, eager "
                           f"{eager if eager is None else round(eager, 3)} ms", flush=True)
                     for name, lo, hi in BUCKETS:
-                        if eager is not None and lo <= eager < hi and len(variants[name]) < args.per_bucket:
+                        if eager is not None and lo <= eager < hi and name in need and \
+                                len(variants[name]) < args.per_bucket:
                             variants[name].append((task, sol))
             # 2. per bucket, saturation with the mix of kinds on that bucket's tasks
             mix = parse_mix(args.mix)
-            buckets = [b for b in BUCKETS if variants[b[0]]]
+            buckets = [b for b in BUCKETS if variants[b[0]] or b[0] in split]
             for i, (name, _, _) in enumerate(buckets):
                 left = args.budget_s - (time.monotonic() - t_start)
                 share = left / (len(buckets) - i)
@@ -191,12 +236,19 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 bucket_end = time.monotonic() + share
                 sub: dict[str, list[Solution]] = {}
+                warm: list[tuple[dict, dict[str, str]]] = []
                 for vtask, base in variants[name]:  # every kind of solution of the base task, on this size
                     for kind, sols in corpus.items():
                         sub.setdefault(kind, []).extend(dataclasses.replace(s, task=vtask) for s in sols
                                                         if s.task["id"] == base.task["id"])
-                for vtask, base in variants[name]:  # warm-up, not measured: each size's torch.compile baseline
-                    c.evaluate(vtask, base.files, "cubin", deadline_s=600, priority=0,
+                    warm.append((vtask, base.files))
+                for sols in split.get(name, []):
+                    for kind, sol in sols.items():
+                        sub.setdefault(kind, []).append(sol)
+                    warm.append((sols["fast"].task, sols["fast"].files))
+                n_sizes = len(warm)
+                for vtask, files in warm:  # warm-up, not measured: each size's torch.compile baseline
+                    c.evaluate(vtask, files, "cubin", deadline_s=600, priority=0,
                                settings={"cache_salt": f"warm-{time.time()}"})
                 # the measured run gets what the warm-ups left of this bucket's share, less its drain (the larger
                 # buckets' warm-ups take tens of seconds: a share fixed before them overran the budget)
@@ -205,7 +257,8 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                                     duration_s=max(20.0, bucket_end - time.monotonic() - drain_s), seed=args.seed,
                                     drain_s=drain_s)
                 report, _ = run_stress(c, sub, load, out_dir=out / f"bucket-{_safe(name)}")
-                rows.append(_row(f"cubin, eager {name}, {len(variants[name])} task size(s)", report["run"], len(gpus)))
+                src = "GPU split" if name in split else "corpus"
+                rows.append(_row(f"cubin, eager {name}, {n_sizes} task size(s) ({src})", report["run"], len(gpus)))
                 # each bucket's row as soon as it is measured: a run cut by its time limit still reports
                 _print_table(rows[-1:], True)
                 (out / "fleet_bench.partial.json").write_text(json.dumps(
@@ -226,8 +279,15 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2", help="cpu: worker counts to measure")
     ap.add_argument("--duration-s", type=float, default=240.0, help="cpu: seconds of load per worker count")
     ap.add_argument("--budget-s", type=float, default=480.0, help="gpu: total seconds (calibration included)")
-    ap.add_argument("--factors", default="1,16,256", help="gpu: scales of the first shape parameter")
-    ap.add_argument("--per-bucket", type=int, default=3, help="gpu: task sizes per bucket")
+    ap.add_argument("--factors", default="1,16,256", help="gpu: scales of the first shape parameter (corpus sizes "
+                    "for the buckets the GPU split leaves empty)")
+    ap.add_argument("--per-bucket", type=int, default=3, help="gpu: corpus task sizes per bucket")
+    ap.add_argument("--split", default=f"{BUILTIN}/gpu_train.jsonl,{BUILTIN}/gpu_eval.jsonl",
+                    help="gpu: task files of the GPU split whose measured tasks with cubin demonstrations fill the "
+                         "buckets they fall in (empty: corpus sizes only)")
+    ap.add_argument("--split-demos", default=f"{BUILTIN}/demos.jsonl", help="gpu: the GPU split's demonstrations")
+    ap.add_argument("--split-per-bucket", type=int, default=1, help="gpu: GPU-split tasks per bucket (each "
+                    "evaluation of one moves GiBs: tens of seconds)")
     args = ap.parse_args()
     if args.backend == "gpu" and args.mix is None:
         args.mix = "fast=3,slow=1"
