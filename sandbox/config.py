@@ -122,11 +122,13 @@ class SandboxConfig:
     calibration_reuse_evals: int = 16
     """Profile: a task's harness costs (sandbox.reference_worker._calibrate: the fixed and per-call cost of a time
     request, measured in a fresh candidate process before its solution's import) are reused by up to this many
-    later evaluations of the task on the same worker; each of those still measures its own round trip and makes one
-    warm-up request (the candidate's gate latency) before the import. The measurement moves 6 x (1 + calls) input
-    sets: 4.9-13 s an evaluation for the fleet bench's x256 corpus tasks on the H200, reused 0.9 s
-    (benchmarks/RESULTS.md, calibration_bench.py), all of it with the GPU's timing lock held.
-    0 = measure in every evaluation."""
+    later evaluations of the task on the same worker; each of those still measures its own round trip and makes the
+    warm-up round (one request of each size: the candidate's gate latency, its memory touched) before the import.
+    The costs are kept per calls, format, timing gate and confinement; a calibration that ran without the timing
+    lock is never reused. The measurement moves 6 x (1 + calls) input sets, the warm-up round 1 + calls: 4.9-13 s
+    an evaluation for the fleet bench's x256 corpus tasks on the H200, all of it with the GPU's timing lock held
+    (a warm-up of 1 input set: 0.9 s; benchmarks/RESULTS.md, calibration_bench.py). 0 = measure in every
+    evaluation."""
     calibration_reuse_min_ms: float = 500.0
     """Profile: only a calibration that took at least this long (ms) is reused (calibration_reuse_evals). A short
     one is measured again in every evaluation: it costs little and follows changes of the host's load (harness

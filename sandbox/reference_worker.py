@@ -136,8 +136,9 @@ class TaskState:
         self.segment_bytes = 0  # input segment size the last evaluation needed (0: not evaluated yet)
         self.inputs_on_device = True  # CUDA: get_inputs() runs under torch.device(device) (see make_inputs)
         self.mutates_inputs = False  # the reference writes its inputs in place (seen by reference_outputs)
-        # harness costs measured by an earlier evaluation (_calibrate): (calls, fixed_ms, per_call_ms, uses left)
-        self.calibration: tuple[int, float, float, int] | None = None
+        # harness costs measured by an earlier evaluation (_calibrate): (key: calls, format, gated, jailed;
+        # fixed_ms, per_call_ms, uses left)
+        self.calibration: tuple[tuple, float, float, int] | None = None
 
     def make_inputs(self, seed: int) -> list:
         """The input set for a seed (the candidate gets copies of these tensors, never the seed).
@@ -991,25 +992,31 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
             if cfg.profile:  # before load: nothing but the harness answers yet
-                tc = time.perf_counter()
                 # requests of up to 4 calls: at the profile's own 16 calls the calibration took 140-510 ms an
                 # evaluation on the H200 (each request carries its input sets). At 4 calls its per-call figure is
                 # noisier (0.11-0.36 ms against 0.15-0.23 ms at 16, benchmarks/RESULTS.md): an open trade-off
                 n_cal = min(ref["plan"].calls, 4) if ref["plan"] is not None else 1
+                # what the costs depend on besides the task: calls per request, the format, the timing gate
+                # (the extension format is timed ungated by default), the confinement
+                cal_key = (n_cal, job["format"], gate_setup(cfg, device, job["format"]) is not None, jail is not None)
                 prev = state.calibration
-                reuse = prev[1:3] if prev is not None and prev[0] == n_cal and prev[3] > 0 else None
+                reuse = prev[1:3] if prev is not None and prev[0] == cal_key and prev[3] > 0 else None
                 with gpu.timed():
+                    tc = time.perf_counter()  # the lock's wait is timing_lock_wait, not calibration
                     calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0], n_cal, io,
                                        log=out["log"], reuse=reuse)
-                if reuse is not None:
-                    state.calibration = (n_cal, reuse[0], reuse[1], prev[3] - 1)
+                    cal_ms = (time.perf_counter() - tc) * 1e3
+                if not gpu.acquired:  # measured beside other work: never handed on
+                    state.calibration = None
+                elif reuse is not None:
+                    state.calibration = (cal_key, reuse[0], reuse[1], prev[3] - 1)
                     out["log"].append(f"profile: harness costs reused from an earlier evaluation's calibration of this "
                                       f"task ({prev[3] - 1} more use(s) before it is measured again)")
-                elif (time.perf_counter() - tc) * 1e3 >= cfg.calibration_reuse_min_ms:
-                    state.calibration = (n_cal, calib[1], calib[2], cfg.calibration_reuse_evals)
+                elif cal_ms >= cfg.calibration_reuse_min_ms:
+                    state.calibration = (cal_key, calib[1], calib[2], cfg.calibration_reuse_evals)
                 else:  # a short calibration is cheaper to repeat than to trust across changes of load
                     state.calibration = None
-                out["stage_ms"]["calibration"] = (time.perf_counter() - tc) * 1e3
+                out["stage_ms"]["calibration"] = cal_ms
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
             state.segment_bytes = max(state.segment_bytes, needed)
@@ -1338,8 +1345,8 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     process could delay its answers at will (sandbox.timing).
 
     reuse: (fixed_ms, per_call_ms) from an earlier evaluation's calibration of the same task on this worker
-    (SandboxConfig.calibration_reuse_evals): only the pings and the warm-up request (1 call) run, and those costs
-    are returned with this process's round trip."""
+    (SandboxConfig.calibration_reuse_evals): only the pings and the warm-up round (one request of each size) run,
+    and those costs are returned with this process's round trip."""
     rtt = math.inf
     for _ in range(pings):
         tp = time.perf_counter()
@@ -1350,8 +1357,10 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     big = max(2, calls)
     costs: dict[int, list[float]] = {1: [], big: []}
     parts: list[dict] = []
+    # reusing: the warm-up round alone (both sizes: it also touches the memory the timed calls' outputs and copies
+    # take, which an honest solution's first timed calls would otherwise pay for)
     for k in range(1 if reuse is not None else rounds + 1):
-        for n in ((1,) if reuse is not None else (1, big)):
+        for n in (1, big):
             rec = cand.encode_inputs([zeros] * n, io)
             with _no_collection():
                 tw = time.perf_counter()
@@ -1712,6 +1721,10 @@ def _check_timed(cand: CandidateProcess, ref_outs: list, atol: float, rtol: floa
         return
     positions = [sorted(rng.sample(range(t.numel()), min(64, t.numel()))) if t.numel() else [] for t in refs[0]]
     full = rng.randrange(len(refs)) if full_check else -1
+    for k, row in enumerate(refs):  # indexing on the device past the end would break the worker's CUDA context
+        if len(row) != len(refs[0]) or any(t.numel() != t0.numel() for t, t0 in zip(row, refs[0])):
+            raise StageFailure(Status.INTERNAL_ERROR, f"profile check: the reference's outputs of timed call {k} "
+                               "differ in number or size from call 0's (a task's outputs must have fixed sizes)")
     idx = [torch.tensor(p, dtype=torch.long, device=t.device) for p, t in zip(positions, refs[0])]
     reply = _run(cand, {"op": "sample", "positions": positions, "full": full}, 60.0, "profile check")
     try:

@@ -279,6 +279,35 @@ def test_harness_costs_are_reused_for_a_bounded_number_of_evaluations(tmp_path):
     assert runs[1].stage_ms["calibration"] < runs[0].stage_ms["calibration"], [r.stage_ms for r in runs]
 
 
+def test_harness_costs_are_not_handed_on_from_a_contended_calibration_nor_across_formats(tmp_path):
+    """A calibration that ran without the device's lock (another user held it past the timeout) is not reused,
+    and its lock wait does not count as calibration time; costs measured for one format are not reused for
+    another (the extension format is timed ungated by default on a GPU, the others gated)."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.service_lock import DeviceTimingLock
+
+    ev = Evaluator(cpu_config(tmp_path, calibration_reuse_evals=4, calibration_reuse_min_ms=0.0, use_compile=False,
+                              reps=3, early_stop_reps=0))
+    lock = DeviceTimingLock("cpu-test-reuse", tmp_path)
+    spec = {"key": lock.key, "dir": str(tmp_path), "timeout_s": 0.3}
+    try:
+        with lock.shared() as held:
+            assert held
+            contended = ev.evaluate(load_task(TASK), FAST, "cpu", timing_lock=spec)
+        free = ev.evaluate(load_task(TASK), FAST, "cpu", timing_lock=spec)
+        again = ev.evaluate(load_task(TASK), FAST, "cpu", timing_lock=spec)
+        ext = ev.evaluate(load_task(TASK), load_solution(TASK / "extension_cpu" / "fast"), "extension")
+    finally:
+        ev.close()
+    assert contended.status == "ok" and contended.contended
+    assert contended.stage_ms["timing_lock_wait"] >= 2 * 300 - 50
+    # its 0.3 s wait is in timing_lock_wait only (the free evaluation's calibration measured the same work)
+    assert contended.stage_ms["calibration"] < free.stage_ms["calibration"] + 250, (contended.stage_ms, free.stage_ms)
+    reused = ["harness costs reused" in "\n".join(r.log) for r in (free, again, ext)]
+    assert free.status == again.status == "ok" and ext.status == "ok", [(r.status, r.message) for r in (free, again, ext)]
+    assert reused == [False, True, False], reused
+
+
 def test_calibration_reuse_must_not_be_negative():
     from sandbox.config import SandboxConfig
 
