@@ -28,7 +28,7 @@ def model_config(spec: ModelSpec, vocab_size: int):
                        intermediate_size=spec.intermediate_size, rope_theta=10_000.0,
                        max_position_embeddings=spec.max_position_embeddings, tie_embeddings=True, qkv_bias=True,
                        dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat,
-                       attention_impl=spec.attention_impl)
+                       remat_policy=spec.remat_policy, attention_impl=spec.attention_impl)
 
 
 def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: Sequence[Task],

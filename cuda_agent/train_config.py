@@ -15,7 +15,7 @@ import dataclasses
 from typing import List, Optional
 
 from actors.config import ActorConfig
-from learner.config import LearnerConfig
+from learner.config import REMAT_POLICIES, LearnerConfig
 from sandbox.service import ServiceConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -63,11 +63,16 @@ class ModelSpec:
     """Compute dtype ("float32" or "bfloat16")."""
     param_dtype: str = "float32"
     remat: bool = False
+    remat_policy: str = "full"
+    """What a rematerialised layer keeps (learner.config.REMAT_POLICIES): "full" (only its input) or "save_dots"
+    (its projection matmuls' outputs too: faster, more memory)."""
     attention_impl: str = "xla"
 
     def __post_init__(self) -> None:
         _check(self.init in MODEL_INITS, f"model.init must be one of {MODEL_INITS}, got {self.init!r}")
         _check(self.init != "hf" or bool(self.hf_path), "model.init=hf needs model.hf_path (a checkpoint folder)")
+        _check(self.remat_policy in REMAT_POLICIES,
+               f"model.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                      "max_position_embeddings"):
             _check(getattr(self, name) > 0, f"model.{name} must be > 0, got {getattr(self, name)}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+# learner.model.ModelConfig.remat_policy's values (here, so configs can name them without importing JAX)
+REMAT_POLICIES = ("full", "save_dots")
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
 LR_SCHEDULES = ("cosine", "linear", "constant")

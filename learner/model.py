@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from learner.config import REMAT_POLICIES
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_IMPLS = ("xla", "cudnn", "chunked")
-REMAT_POLICIES = ("full", "save_dots")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _NEG_INF = -1e30  # finite "minus infinity" for masked attention scores (fully masked rows stay finite)
 

@@ -71,3 +71,13 @@ def test_every_train_preset_loads_and_validates(name):
     assert cfg.preset == name
     if name == "h200":
         assert cfg.device == "cuda" and cfg.tasks.format == "cubin"
+
+
+def test_model_remat_policy_is_validated_and_reaches_the_model_config():
+    from cuda_agent.prepare import model_config
+    from cuda_agent.train_config import ModelSpec
+
+    with pytest.raises(ValueError, match=r"model.remat_policy must be one of \('full', 'save_dots'\)"):
+        ModelSpec(remat_policy="dots")
+    cfg = model_config(ModelSpec(remat=True, remat_policy="save_dots"), vocab_size=500)
+    assert (cfg.remat, cfg.remat_policy, cfg.vocab_size) == (True, "save_dots", 512)
