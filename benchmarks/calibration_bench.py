@@ -4,7 +4,7 @@
     python benchmarks/calibration_bench.py --format cubin --task elementwise_chain --factor 256 --evals 3 \
         [--json OUT.json]
 
-One Evaluator per setting (reuse off: calibration_reuse_evals=0; reuse on: the defaults), each evaluating the
+One Evaluator per setting (reuse off: calibration_reuse_evals=0, the default; reuse on: 16), each evaluating the
 corpus task's fast solution (first shape parameter scaled by --factor, as benchmarks/fleet_bench.py scales its
 buckets) --evals times. Prints, per evaluation, the calibration and total ms, the reward and whether the harness
 costs were reused; then the median calibration ms of each setting and their ratio. The first evaluation of each
@@ -44,7 +44,7 @@ def run(fmt: str, task_name: str, factor: int, evals: int, reuse: bool, work: Pa
     files = load_solution(corpus / task_name / fmt / "fast")
     backend = "cpu" if fmt == "cpu" else "cuda"
     cfg = SandboxConfig(backend=backend, cache_dir=str(work / "cache"), work_root=str(work / "ws"),
-                        **({} if reuse else {"calibration_reuse_evals": 0}))
+                        calibration_reuse_evals=16 if reuse else 0)
     ev = Evaluator(cfg)
     rows = []
     try:

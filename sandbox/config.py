@@ -119,16 +119,21 @@ class SandboxConfig:
     early_stop_level: float = 0.99
     """Profile: the confidence level of the intervals that may end a profile early (above ci_level: a level the
     early look settles stays the same on the final ci_level intervals)."""
-    calibration_reuse_evals: int = 16
+    calibration_reuse_evals: int = 0
     """Profile: a task's harness costs (sandbox.reference_worker._calibrate: the fixed and per-call cost of a time
     request, measured in a fresh candidate process before its solution's import) are reused by up to this many
-    later evaluations of the task on the same worker; each of those still measures its own round trip and makes the
-    warm-up round (one request of each size: the candidate's gate latency, its memory touched) before the import.
-    The costs are kept per calls, format, timing gate and confinement; a calibration that ran without the timing
-    lock is never reused. The measurement moves 6 x (1 + calls) input sets, the warm-up round 1 + calls: 4.9-13 s
-    an evaluation for the fleet bench's x256 corpus tasks on the H200, all of it with the GPU's timing lock held
-    (a warm-up of 1 input set: 0.9 s; benchmarks/RESULTS.md, calibration_bench.py). 0 = measure in every
-    evaluation."""
+    later evaluations of the task on the same worker. Each of those still measures its own round trip and runs 3
+    unmeasured rounds of both request sizes before the import; these time the candidate's gate latency and touch
+    its memory. The costs are kept per calls, format, timing gate and confinement. A calibration that ran without
+    the timing lock is never reused.
+
+    A full calibration moves 6 x (1 + calls) input sets: 4.9-13 s an evaluation for the fleet bench's x256 corpus
+    tasks on the H200, all of it with the GPU's timing lock held (benchmarks/RESULTS.md, calibration_bench.py).
+    Reuse saves about half of that.
+
+    Off (0) by default. With fewer warm-up rounds, reuse left an honest solution's first timed repetitions slow
+    on the CPU box. Costs measured at one host load and reused at another shift the charge either way. The
+    3-round version has not been measured on a GPU. 0 = measure in every evaluation."""
     calibration_reuse_min_ms: float = 500.0
     """Profile: only a calibration that took at least this long (ms) is reused (calibration_reuse_evals). A short
     one is measured again in every evaluation: it costs little and follows changes of the host's load (harness

@@ -1327,6 +1327,9 @@ def _tensor_list(v: Any) -> list:
     return []
 
 
+REUSE_WARMUP_ROUNDS = 3  # _calibrate with reused costs: unmeasured rounds (of the full calibration's 6)
+
+
 def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
                rounds: int = 5, pings: int = 5, log: list | None = None,
                reuse: tuple[float, float] | None = None) -> tuple[float, float, float]:
@@ -1345,8 +1348,8 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     process could delay its answers at will (sandbox.timing).
 
     reuse: (fixed_ms, per_call_ms) from an earlier evaluation's calibration of the same task on this worker
-    (SandboxConfig.calibration_reuse_evals): only the pings and the warm-up round (one request of each size) run,
-    and those costs are returned with this process's round trip."""
+    (SandboxConfig.calibration_reuse_evals): only the pings and REUSE_WARMUP_ROUNDS unmeasured rounds run, and
+    those costs are returned with this process's round trip."""
     rtt = math.inf
     for _ in range(pings):
         tp = time.perf_counter()
@@ -1357,9 +1360,10 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     big = max(2, calls)
     costs: dict[int, list[float]] = {1: [], big: []}
     parts: list[dict] = []
-    # reusing: the warm-up round alone (both sizes: it also touches the memory the timed calls' outputs and copies
-    # take, which an honest solution's first timed calls would otherwise pay for)
-    for k in range(1 if reuse is not None else rounds + 1):
+    # reusing: 3 warm-up rounds of both sizes, none measured. They touch the memory that the timed calls' outputs
+    # and copies take. With 1 or 2 rounds an honest solution's first timed repetitions still ran 3-30x slow on the
+    # CPU box (the process's allocator settles only after several rounds; cause not found), and cost it its reward
+    for k in range(REUSE_WARMUP_ROUNDS if reuse is not None else rounds + 1):
         for n in (1, big):
             rec = cand.encode_inputs([zeros] * n, io)
             with _no_collection():

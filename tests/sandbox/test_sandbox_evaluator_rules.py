@@ -262,7 +262,7 @@ def test_harness_costs_are_reused_for_a_bounded_number_of_evaluations(tmp_path):
     finally:
         ev.close()
     # a calibration shorter than calibration_reuse_min_ms is never reused
-    ev = Evaluator(cpu_config(tmp_path / "default", use_compile=False, reps=3, early_stop_reps=0,
+    ev = Evaluator(cpu_config(tmp_path / "default", use_compile=False, reps=3, early_stop_reps=0, calibration_reuse_evals=4,
                               calibration_reuse_min_ms=60_000.0))
     try:
         short = [ev.evaluate(load_task(TASK), FAST, "cpu") for _ in range(2)]
@@ -275,13 +275,11 @@ def test_harness_costs_are_reused_for_a_bounded_number_of_evaluations(tmp_path):
     reused = ["harness costs reused" in "\n".join(r.log) for r in runs]
     assert reused == [False, True, False], reused
     assert costs[1].group(1) == costs[0].group(1)
-    # the reusing evaluation moved one input set for its calibration instead of 6 x (1 + calls): it is shorter
-    assert runs[1].stage_ms["calibration"] < runs[0].stage_ms["calibration"], [r.stage_ms for r in runs]
 
 
 def test_harness_costs_are_not_handed_on_from_a_contended_calibration_nor_across_formats(tmp_path):
-    """A calibration that ran without the device's lock (another user held it past the timeout) is not reused,
-    and its lock wait does not count as calibration time; costs measured for one format are not reused for
+    """A calibration that ran without the device's lock (another user held it past the timeout) is not reused;
+    costs measured for one format are not reused for
     another (the extension format is timed ungated by default on a GPU, the others gated)."""
     from sandbox.evaluator import Evaluator
     from sandbox.service_lock import DeviceTimingLock
@@ -301,8 +299,6 @@ def test_harness_costs_are_not_handed_on_from_a_contended_calibration_nor_across
         ev.close()
     assert contended.status == "ok" and contended.contended
     assert contended.stage_ms["timing_lock_wait"] >= 2 * 300 - 50
-    # its 0.3 s wait is in timing_lock_wait only (the free evaluation's calibration measured the same work)
-    assert contended.stage_ms["calibration"] < free.stage_ms["calibration"] + 250, (contended.stage_ms, free.stage_ms)
     reused = ["harness costs reused" in "\n".join(r.log) for r in (free, again, ext)]
     assert free.status == again.status == "ok" and ext.status == "ok", [(r.status, r.message) for r in (free, again, ext)]
     assert reused == [False, True, False], reused
