@@ -188,10 +188,11 @@ def build_tokenizer(corpus: dict) -> Any:
     return train_bpe(texts * 4 + [PROSE] * 16, vocab_size=4096)
 
 
-def node_status(client: Any) -> dict[str, float]:
-    """Summed cumulative worker busy seconds, worker count, and the seconds the node's jobs held the GPU's timing
-    lock exclusively (calibration, profile) and spent in the profile's timed requests, over the live nodes."""
-    busy, workers, held, timed = 0.0, 0, 0.0, 0.0
+def node_status(client: Any) -> dict[str, Any]:
+    """Summed cumulative worker busy seconds, worker count and seconds per job stage (the node's `stage_s`:
+    timing_lock_held is the jobs' exclusive hold of the GPU's timing lock, profile_timed the profile's timed
+    requests) over the live nodes."""
+    busy, workers = 0.0, 0
     stage_s: dict[str, float] = {}
     for n in client.nodes().values():
         st = n.get("status") or {}
@@ -199,10 +200,7 @@ def node_status(client: Any) -> dict[str, float]:
             stage_s[k] = stage_s.get(k, 0.0) + float(v)
         busy += float(st.get("worker_busy_s", 0.0))
         workers += int(st.get("workers", 0))
-        held += float((st.get("stage_s") or {}).get("timing_lock_held", 0.0))
-        timed += float((st.get("stage_s") or {}).get("profile_timed", 0.0))
-    return {"worker_busy_s": busy, "workers": workers, "timing_lock_held_s": held, "profile_timed_s": timed,
-            "stage_s": stage_s}
+    return {"worker_busy_s": busy, "workers": workers, "stage_s": stage_s}
 
 
 def expected_prompt_lengths(chat: Any, corpus: dict, policy: "ReplayPolicy", fmt: str, max_turns: int, skill: str,
@@ -333,15 +331,14 @@ def window_figures(a: dict, b: dict, workers: int) -> dict:
     calls = b["sampler_calls"] - a["sampler_calls"]
     turns = b["turns"] - a["turns"]
     episodes = b["episodes"] - a["episodes"]
+    node_stage_s = {k: v - (a.get("stage_s") or {}).get(k, 0.0) for k, v in (b.get("stage_s") or {}).items()}
     return {"wall_s": wall, "episodes": episodes, "episodes_per_hour": episodes / wall * 3600, "turns": turns,
             "sampling_busy": d["sampling_s"] / wall, "sandbox_busy": d["sandbox_s"] / wall, "both": d["both_s"] / wall,
             "idle": d["idle_s"] / wall,
             "node_worker_busy": (b["worker_busy_s"] - a["worker_busy_s"]) / wall / max(1, workers),
-            # jobs that finished in the window: seconds they held the timing lock exclusively, and of those the
-            # profile's timed requests (the rest is the harness's host work inside the exclusive sections)
-            "node_timing_lock_held_s": b.get("timing_lock_held_s", 0.0) - a.get("timing_lock_held_s", 0.0),
-            "node_profile_timed_s": b.get("profile_timed_s", 0.0) - a.get("profile_timed_s", 0.0),
-            "node_stage_s": {k: v - (a.get("stage_s") or {}).get(k, 0.0) for k, v in (b.get("stage_s") or {}).items()},
+            # jobs that finished in the window: seconds per stage (timing_lock_held: their exclusive hold of the
+            # timing lock; profile_timed: the part of it in timed requests, the rest is the harness's host work)
+            "node_stage_s": node_stage_s,
             "sampler_calls": calls, "mean_batch": turns / max(1, calls),
             "sampled_tokens_per_s": (b["tokens"] - a["tokens"]) / wall,
             "prefill_s": b["prefill_s"] - a["prefill_s"], "decode_s": b["decode_s"] - a["decode_s"],
@@ -641,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
 def _table(results: dict, args: Any) -> None:
     m = results["measured"]
     w = m["window"]
+    ns = w.get("node_stage_s", {})
     print(f"\nactor bench: {results['machine']}; jax {results['jax_backend']}; {args.model} "
           f"({results['model_params'] / 1e6:.1f}M params); format {results['format']}; {args.concurrent} concurrent, "
           f"up to {args.max_turns} turns")
@@ -655,10 +653,9 @@ def _table(results: dict, args: Any) -> None:
             ("sandbox busy", f"{w['sandbox_busy']:.0%} (sandbox idle {1 - w['sandbox_busy']:.0%})"),
             ("both / neither", f"{w['both']:.0%} / {w['idle']:.0%}"),
             ("node worker busy", f"{w['node_worker_busy']:.0%}"),
-            ("node timing lock held exclusively", f"{w.get('node_timing_lock_held_s', 0.0):.0f} s of the window "
-                                                  f"({w.get('node_profile_timed_s', 0.0):.0f} s in timed requests, "
-                                                  f"{w.get('node_stage_s', {}).get('calibration', 0.0):.0f} s "
-                                                  "calibrating)"),
+            ("node timing lock held exclusively", f"{ns.get('timing_lock_held', 0.0):.0f} s of the window "
+                                                  f"({ns.get('profile_timed', 0.0):.0f} s in timed requests, "
+                                                  f"{ns.get('calibration', 0.0):.0f} s calibrating)"),
             ("sampler calls, mean / max batch", f"{w['sampler_calls']}, {w['mean_batch']:.1f} / {m['max_batch']}"),
             ("sampled tokens / s", f"{w['sampled_tokens_per_s']:.0f} (prefill {w['prefill_s']:.0f} s, decode "
                                    f"{w['decode_s']:.0f} s)"),

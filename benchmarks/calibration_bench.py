@@ -27,15 +27,14 @@ from fleet_bench import scaled_task  # noqa: E402
 
 from sandbox.config import SandboxConfig  # noqa: E402
 from sandbox.evaluator import Evaluator  # noqa: E402
-from sandbox.files import load_solution  # noqa: E402
+from sandbox.files import load_solution, load_task  # noqa: E402
 from sandbox.stress import DEFAULT_CORPUS  # noqa: E402
 from tasks.schema import Task  # noqa: E402
 
 
 def run(fmt: str, task_name: str, factor: int, evals: int, reuse: bool, work: Path) -> list[dict]:
     corpus = Path(DEFAULT_CORPUS)
-    meta = json.loads((corpus / task_name / "task.json").read_text())
-    meta.update(reference=(corpus / task_name / "model.py").read_text(), name=meta.get("name", task_name))
+    meta = load_task(corpus / task_name).to_dict()
     if factor != 1:
         meta = scaled_task(meta, factor)
         if meta is None:

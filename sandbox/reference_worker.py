@@ -851,8 +851,9 @@ class _JobLock:
     """The device's timing lock over one job (job["timing_lock"]: key, dir, timeout_s; absent: no lock, nothing
     is held): shared around the job's untimed GPU work (the reference stage, verification: let go between two
     trials while a timer waits), exclusive around its timed sections (calibration, profile), so that a sampler or
-    another worker on the GPU runs beside everything but the timing. `record` writes the waits and the exclusive hold (ms)
-    and `contended` (a timed section that could not have the lock within timeout_s ran anyway) into the job's out."""
+    another worker on the GPU runs beside everything but the timing. `record` writes the waits and the exclusive
+    hold (ms) and `contended` (a timed section that could not have the lock within timeout_s ran anyway) into the
+    job's out."""
 
     def __init__(self, spec: dict | None):
         self.lock = DeviceTimingLock(spec["key"], spec["dir"]) if spec else None
@@ -998,7 +999,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 n_cal = min(ref["plan"].calls, 4) if ref["plan"] is not None else 1
                 # what the costs depend on besides the task: calls per request, the format, the timing gate
                 # (the extension format is timed ungated by default), the confinement
-                cal_key = (n_cal, job["format"], gate_setup(cfg, device, job["format"]) is not None, jail is not None)
+                cal_key = (n_cal, job["format"], gate_setup(cfg, device, job["format"]) is not None,
+                           jail is not None)
                 prev = state.calibration
                 reuse = prev[1:3] if prev is not None and prev[0] == cal_key and prev[3] > 0 else None
                 with gpu.timed():
@@ -1006,16 +1008,11 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                     calib = _calibrate(cand, ref["inputs_cpu"][0], ref["ref_outs"][0], n_cal, io,
                                        log=out["log"], reuse=reuse)
                     cal_ms = (time.perf_counter() - tc) * 1e3
-                if not gpu.acquired:  # measured beside other work: never handed on
-                    state.calibration = None
-                elif reuse is not None:
-                    state.calibration = (cal_key, reuse[0], reuse[1], prev[3] - 1)
+                state.calibration = _kept_calibration(prev, cal_key, calib, cal_ms, reuse is not None,
+                                                      gpu.acquired, cfg)
+                if reuse is not None:
                     out["log"].append(f"profile: harness costs reused from an earlier evaluation's calibration of this "
                                       f"task ({prev[3] - 1} more use(s) before it is measured again)")
-                elif cal_ms >= cfg.calibration_reuse_min_ms:
-                    state.calibration = (cal_key, calib[1], calib[2], cfg.calibration_reuse_evals)
-                else:  # a short calibration is cheaper to repeat than to trust across changes of load
-                    state.calibration = None
                 out["stage_ms"]["calibration"] = cal_ms
             inputs_cpu, inputs_dev, ref_outs, plan = ref["inputs_cpu"], ref["inputs_dev"], ref["ref_outs"], ref["plan"]
             needed = plan.segment_bytes(cfg, inputs_cpu[0]) if plan is not None else shm_mod.tensor_bytes(inputs_cpu[0])
@@ -1330,6 +1327,21 @@ def _tensor_list(v: Any) -> list:
 REUSE_WARMUP_ROUNDS = 3  # _calibrate with reused costs: unmeasured rounds (of the full calibration's 6)
 
 
+def _kept_calibration(prev: tuple | None, key: tuple, calib: tuple[float, float, float], ms: float, reused: bool,
+                      acquired: bool, cfg: SandboxConfig) -> tuple | None:
+    """What TaskState.calibration holds after an evaluation's calibration (SandboxConfig.calibration_reuse_evals):
+    (key, fixed_ms, per_call_ms, uses left), or None. A calibration that ran without the timing lock is never
+    handed on (measured beside other work); a reuse spends one use; a fresh one of at least
+    calibration_reuse_min_ms is kept (a short one costs little to repeat and follows changes of the host's load)."""
+    if not acquired:
+        return None
+    if reused:
+        return (key, prev[1], prev[2], prev[3] - 1)
+    if ms >= cfg.calibration_reuse_min_ms:
+        return (key, calib[1], calib[2], cfg.calibration_reuse_evals)
+    return None
+
+
 def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any,
                rounds: int = 5, pings: int = 5, log: list | None = None,
                reuse: tuple[float, float] | None = None) -> tuple[float, float, float]:
@@ -1372,7 +1384,7 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
                 wall = (time.perf_counter() - tw) * 1e3
             _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
             loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
-            if k:  # round 0: the warm-up
+            if k and reuse is None:  # round 0: the warm-up (every round, when the costs are reused)
                 costs[n].append(max(0.0, wall - rtt - loop - prep))
                 if n == big:
                     parts.append(request_parts(reply, wall, rtt, n))
@@ -1598,7 +1610,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 samples[im].append(ms)
             # the repetition's timed requests, their trusted bookkeeping included (the profile's rest: input
             # transfer, output checks, the early-stop look, gate and warm-up)
-            out["stage_ms"]["profile_timed"] = out["stage_ms"].get("profile_timed", 0.0) + (time.perf_counter() - t_im) * 1e3
+            st_ms = out["stage_ms"]
+            st_ms["profile_timed"] = st_ms.get("profile_timed", 0.0) + (time.perf_counter() - t_im) * 1e3
         if early:
             full = r == first_full or rng.random() < max(cfg.full_checks - 1.0, 0.0) / cfg.reps
         else:
