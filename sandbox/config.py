@@ -138,6 +138,11 @@ class SandboxConfig:
     """Profile: only a calibration that took at least this long (ms) is reused (calibration_reuse_evals). A short
     one is measured again in every evaluation: it costs little and follows changes of the host's load (harness
     costs measured on an idle host and reused on a loaded one would charge an honest solution the difference)."""
+    calibration_calls_max: int = 4
+    """Profile: the harness calibration's larger request times min(this, the profile's calls per repetition) calls
+    (its smaller one times 1; their difference gives the per-call cost). 4 kept the calibration at 111-202 ms of an
+    elementwise evaluation on the H200, where 16 cost 140-510 ms; the per-call figure at 4 calls is noisier
+    (0.11-0.36 against 0.15-0.23 ms on the H200, benchmarks/RESULTS.md). Must be >= 1."""
     min_rep_ms: float = 2.0
     """Calls per repetition are chosen so that one repetition of eager lasts at least this long."""
     max_calls_per_rep: int = 1000
@@ -261,6 +266,8 @@ class SandboxConfig:
         if self.calibration_reuse_evals < 0:
             raise ValueError(f"SandboxConfig.calibration_reuse_evals must be >= 0 (0 = calibrate every evaluation), "
                              f"got {self.calibration_reuse_evals}")
+        if self.calibration_calls_max < 1:
+            raise ValueError(f"SandboxConfig.calibration_calls_max must be >= 1, got {self.calibration_calls_max}")
         if self.calibration_reuse_min_ms < 0:
             raise ValueError(f"SandboxConfig.calibration_reuse_min_ms must be >= 0, got {self.calibration_reuse_min_ms}")
         if self.early_stop_reps < 0:

@@ -993,10 +993,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
             if cfg.profile:  # before load: nothing but the harness answers yet
-                # requests of up to 4 calls: at the profile's own 16 calls the calibration took 140-510 ms an
-                # evaluation on the H200 (each request carries its input sets). At 4 calls its per-call figure is
-                # noisier (0.11-0.36 ms against 0.15-0.23 ms at 16, benchmarks/RESULTS.md): an open trade-off
-                n_cal = min(ref["plan"].calls, 4) if ref["plan"] is not None else 1
+                # requests of up to calibration_calls_max calls (its docstring has the trade-off of cost and noise)
+                n_cal = min(ref["plan"].calls, cfg.calibration_calls_max) if ref["plan"] is not None else 1
                 # what the costs depend on besides the task: calls per request, the format, the timing gate
                 # (the extension format is timed ungated by default), the confinement
                 cal_key = (n_cal, job["format"], gate_setup(cfg, device, job["format"]) is not None,

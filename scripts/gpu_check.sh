@@ -13,6 +13,8 @@
 #                      on a 2-GPU machine: the sampler and the node on GPUs of their own)
 #   LEARNER_VARIANTS   learner_bench.py --variants (default mb1:remat,mb2:remat,mb1:noremat); LEARNER_SECTIONS
 #                      its --sections (default update,publish)
+#   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off |
+#                      calibration_16 | none) and its time estimate (220 s)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
@@ -62,7 +64,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
   case $b in
     sandbox) run_bench sandbox 200 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_bench" --builds 6 \
                --ext-builds 2 --evals 8 --sections build,e2e ;;
-    noise)   run_bench noise 220 python3 benchmarks/sandbox_bench.py --out "$out/sandbox_noise" --sections noise ;;
+    noise)   run_bench noise "${NOISE_EST_S:-220}" python3 benchmarks/sandbox_bench.py --out "$out/sandbox_noise" \
+               --sections noise --noise-n "${NOISE_N:-10}" --noise-compare "${NOISE_COMPARE:-gate_off}" ;;
     learner) run_bench learner 300 python3 benchmarks/learner_bench.py --out "$out/learner" \
                --sections "${LEARNER_SECTIONS:-update,publish}" --versions 3 --reps 3 \
                --variants "${LEARNER_VARIANTS:-mb1:remat,mb2:remat,mb1:noremat}" \

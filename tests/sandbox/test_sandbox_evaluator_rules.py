@@ -311,3 +311,32 @@ def test_calibration_reuse_must_not_be_negative():
         SandboxConfig(calibration_reuse_evals=-1)
     with pytest.raises(ValueError, match="calibration_reuse_min_ms must be >= 0"):
         SandboxConfig(calibration_reuse_min_ms=-1.0)
+
+
+def test_calibration_request_size_follows_calibration_calls_max(tmp_path):
+    """SandboxConfig.calibration_calls_max bounds the calibration's larger request (its smaller one times 1 call,
+    and the larger at least 2): the log names the size each evaluation calibrated at."""
+    import re
+
+    from sandbox.config import SandboxConfig
+    from sandbox.evaluator import Evaluator
+
+    sizes = {}
+    for cap in (2, 4):
+        # min_rep_ms: repetitions of several calls on this small task (the cap must be what bounds the size)
+        ev = Evaluator(cpu_config(tmp_path / str(cap), calibration_calls_max=cap, use_compile=False, reps=3,
+                                  early_stop_reps=0, min_rep_ms=30.0))
+        try:
+            r = ev.evaluate(load_task(TASK), FAST, "cpu")
+        finally:
+            ev.close()
+        assert r.status == "ok", (r.status, r.message)
+        calls = r.timing.calls_per_rep
+        m = re.search(r"calibration \((\d+) calls per request", "\n".join(r.log))
+        assert m, r.log
+        sizes[cap] = (int(m.group(1)), calls)
+    for cap, (big, calls) in sizes.items():
+        assert big == max(2, min(calls, cap)), sizes
+    assert sizes[2][0] == 2 and sizes[4][0] > 2, sizes  # the task times more than 2 calls a repetition
+    with pytest.raises(ValueError, match="calibration_calls_max must be >= 1"):
+        SandboxConfig(calibration_calls_max=0)
