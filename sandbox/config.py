@@ -108,7 +108,9 @@ class SandboxConfig:
     compile_mode: str = "default"
     """torch.compile mode for the baseline ("default", "reduce-overhead", "max-autotune")."""
     warmup_calls: int = 3
-    """Untimed calls of each implementation before timing."""
+    """Untimed calls of each implementation before timing, in one request of the candidate: at least this many and
+    at least one repetition's calls (sandbox.reference_worker.warmup_sets), so the first timed repetition's outputs
+    land on memory the process has touched. 0 = no warm-up."""
     reps: int = 20
     """Interleaved repetitions (eager, compile, candidate in rotating order) per evaluation."""
     early_stop_reps: int = 8

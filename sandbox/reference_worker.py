@@ -784,7 +784,8 @@ class ProfilePlan:
     """What the profile stage will need, estimated in the reference stage: calls per repetition (from eager's time
     per call) and the fresh input sets made ahead for that many calls (futures, or None for sets made per
     repetition). The profile decides its calls per repetition itself, as before (one eager call after the
-    warm-up); the estimate only sizes what is made ahead and the input segment."""
+    baselines' warm-up); the estimate only sizes what is made ahead (the warm-up's sets too: warmup_sets) and the
+    input segment."""
 
     def __init__(self, state: TaskState, cfg: SandboxConfig, cuda: bool, device: str, xs_dev: list[list],
                  fmt: str = "cubin"):
@@ -813,12 +814,19 @@ class ProfilePlan:
     def prefetch(self, pf: Prefetch, state: TaskState, cfg: SandboxConfig) -> None:
         """Queue the warm-up's and the repetitions' sets, one job per set (a pause waits for one set at most)."""
         budget = cfg.prefetch_input_bytes_max
-        for slot, n in [(self.warmup, cfg.warmup_calls)] + [(self.reps[r], self.calls) for r in range(cfg.reps)]:
+        for slot, n in ([(self.warmup, warmup_sets(cfg, self.calls))]
+                        + [(self.reps[r], self.calls) for r in range(cfg.reps)]):
             for _ in range(n):
                 if budget < self.in_bytes:
                     return
                 slot.append(pf.submit(state.make_inputs, secrets.randbits(62)))
                 budget -= self.in_bytes
+
+
+def warmup_sets(cfg: SandboxConfig, calls: int) -> int:
+    """Input sets of the profile's warm-up request (each implementation's untimed calls before the first
+    repetition): cfg.warmup_calls, raised to a repetition's `calls` (0 when warmup_calls is 0: no warm-up)."""
+    return max(cfg.warmup_calls, calls) if cfg.warmup_calls else 0
 
 
 def calls_per_rep(cfg: SandboxConfig, one_ms: float, in_bytes: int) -> int:
@@ -1372,7 +1380,9 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     parts: list[dict] = []
     # reusing: 3 warm-up rounds of both sizes, none measured. They touch the memory that the timed calls' outputs
     # and copies take. With 1 or 2 rounds an honest solution's first timed repetitions still ran 3-30x slow on the
-    # CPU box (the process's allocator settles only after several rounds; cause not found), and cost it its reward
+    # CPU box, and cost it its reward. The likely cause, found later: a reference cycle through the candidate's
+    # thread check (sandbox.integrity.python_threads_in_workspace) that kept each repetition's outputs until a
+    # collection, so every timed call faulted in fresh pages; since it is gone, fewer rounds have not been measured
     for k in range(REUSE_WARMUP_ROUNDS if reuse is not None else rounds + 1):
         for n in (1, big):
             rec = cand.encode_inputs([zeros] * n, io)
@@ -1478,21 +1488,42 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         r = _nvml(idx)
         if r:
             out["nvml"].append({**r, "when": "profile_start"})
-    # warm-up (fresh inputs for the candidate too)
-    if cfg.warmup_calls:
-        warm = [f.result() for f in plan.warmup]
-        warm += _make_sets(state, cfg.warmup_calls - len(warm))
-        warm_dev = [state.to_device(x) for x in warm]
+    # warm-up (fresh inputs for the candidate too), as large as a timed repetition: warmup_calls sets at least and
+    # no fewer than the repetition's calls, for the three alike (eager keeps its outputs over the request, as a
+    # repetition does). A smaller warm-up left the first repetition's outputs (and the harness's copies) on memory
+    # the candidate's process had never touched: page faults inside its timed calls
+    warm: list = []
+    warm_dev: list = []
+
+    def warm_baselines() -> None:
+        kept: list = []
         with pf.quiet():
-            timer.run(eager, warm_dev, label="eager")
+            timer.run(eager, warm_dev, kept.append, label="eager")
+            scrub_device(kept)
+            del kept[:]
             if compiled is not None:
                 timer.run(comp, warm_dev, label="compiled")
-        _run(cand, {"op": "time", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
-        _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
-        del warm, warm_dev
+
+    if cfg.warmup_calls:
+        warm = [f.result() for f in plan.warmup]
+        warm += _make_sets(state, warmup_sets(cfg, plan.calls) - len(warm))
+        warm_dev = [state.to_device(x) for x in warm]
+        warm_baselines()
     with pf.quiet():
         one = timer.run(eager, [x0], label="eager")["ms_per_call"]
     calls = calls_per_rep(cfg, one, plan.in_bytes)
+    if cfg.warmup_calls:
+        if len(warm) < calls:  # more calls than the reference stage's estimate: the baselines' warm-up again, at size
+            extra = _make_sets(state, calls - len(warm))
+            warm += extra
+            warm_dev += [state.to_device(x) for x in extra]
+            del extra
+            warm_baselines()
+        _run(cand, {"op": "time", "input_sets": cand.encode_inputs(warm, io)}, left(), "profile warm-up")
+        _run(cand, {"op": "sample", "positions": [], "full": -1}, left(), "profile warm-up")
+        out["log"].append(f"profile: warm-up of {len(warm)} call(s) each (untimed; {calls} call(s) per repetition)")
+    n_warm = len(warm)
+    del warm, warm_dev
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
@@ -1694,7 +1725,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     state.last_baselines = {k: v for k, v in samples.items() if k != "candidate"}
     return TimingStats(
         device=torch.cuda.get_device_name(device) if cuda else "cpu",
-        calls_per_rep=calls, warmup_calls=cfg.warmup_calls,
+        calls_per_rep=calls, warmup_calls=n_warm,
         eager=distribution(samples["eager"]),
         compiled=distribution(samples["compiled"]) if compiled is not None else None,
         candidate=distribution(samples["candidate"]),

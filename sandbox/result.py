@@ -146,7 +146,8 @@ class TimingStats:
     Fields:
       device: "cpu" or the CUDA device name.
       calls_per_rep: forward calls timed together in one repetition (time per call = batch time / calls).
-      warmup_calls: untimed calls of each implementation before the first repetition.
+      warmup_calls: untimed calls of each implementation before the first repetition, in one request (at least
+        SandboxConfig.warmup_calls and at least calls_per_rep; 0 = none).
       eager, compiled, candidate: per-call time distributions (see Distribution).
       speedup_eager, speedup_compile: candidate speed-up over eager / torch.compile with intervals.
       candidate_wall_ms: the trusted side's wall clock around each candidate repetition (includes IPC), ms per call.

@@ -218,3 +218,30 @@ def test_monitor_judges_caller_ruled_events_without_walking_the_stack(tmp_path):
     assert "for the solution by inspect.py" in out["via_inspect"]
     assert out["kinds"] == ["introspection", "introspection"]
     assert out["f_code_reads"] <= 2  # the raising frame's code (a walk would read 60+)
+
+
+def test_thread_check_leaves_no_reference_cycle_holding_its_callers_locals(tmp_path):
+    """python_threads_in_workspace (run by the candidate's `sample` after every timed repetition) must not keep its
+    callers' frames alive: sys._current_frames() holds the calling frame itself, and kept in a local it made a cycle
+    that held `sample`'s locals (a repetition's outputs) until the cyclic collector ran. Each timed call then got
+    fresh heap pages (elementwise_chain x4 on the CPU box: 7-40x slower repetitions and lost rewards)."""
+    import gc
+    import weakref
+
+    from sandbox.integrity import python_threads_in_workspace
+
+    m = Monitor(str(tmp_path), "cpu", set(), set())
+
+    def caller() -> weakref.ref:
+        held = torch.empty(4)  # a local of the caller, as the repetition's outputs are in `sample`
+        assert python_threads_in_workspace(m) == []
+        return weakref.ref(held)
+
+    on = gc.isenabled()
+    gc.disable()  # as in the candidate between requests: only reference counting frees anything
+    try:
+        ref = caller()
+        assert ref() is None, "the caller's locals outlived it (a reference cycle through its frame)"
+    finally:
+        if on:
+            gc.enable()

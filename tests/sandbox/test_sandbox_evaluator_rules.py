@@ -340,3 +340,35 @@ def test_calibration_request_size_follows_calibration_calls_max(tmp_path):
     assert sizes[2][0] == 2 and sizes[4][0] > 2, sizes  # the task times more than 2 calls a repetition
     with pytest.raises(ValueError, match="calibration_calls_max must be >= 1"):
         SandboxConfig(calibration_calls_max=0)
+
+
+def test_the_warm_up_is_as_large_as_a_timed_repetition(tmp_path):
+    """The profile's warm-up request sends at least a repetition's calls (sandbox.reference_worker.warmup_sets), not
+    just warmup_calls sets: a smaller one left the first repetition's outputs and copies on memory the candidate's
+    process had never touched. Checked by the sizes the result reports, not by any time."""
+    import re
+
+    from sandbox.evaluator import Evaluator
+
+    # warmup_calls 1 and repetitions of about 30 ms of eager (about 4 ms a call here): several calls per repetition
+    ev = Evaluator(cpu_config(tmp_path, warmup_calls=1, min_rep_ms=30.0, use_compile=False, reps=3, early_stop_reps=0))
+    try:
+        res = ev.evaluate(load_task(TASK), FAST, "cpu")
+    finally:
+        ev.close()
+    assert res.status == "ok", (res.status, res.message)
+    t = res.timing
+    assert t.calls_per_rep > 1, t.calls_per_rep  # else the test says nothing
+    assert t.warmup_calls >= t.calls_per_rep, (t.warmup_calls, t.calls_per_rep)
+    m = [re.search(r"warm-up of (\d+) call\(s\) each \(untimed; (\d+) call\(s\) per repetition\)", x) for x in res.log]
+    m = [x for x in m if x]
+    assert len(m) == 1 and int(m[0].group(1)) == t.warmup_calls and int(m[0].group(2)) == t.calls_per_rep, res.log
+
+
+def test_warm_up_sets_follow_the_calls_per_repetition():
+    from sandbox.config import SandboxConfig
+    from sandbox.reference_worker import warmup_sets
+
+    assert warmup_sets(SandboxConfig(warmup_calls=3), 16) == 16
+    assert warmup_sets(SandboxConfig(warmup_calls=3), 1) == 3
+    assert warmup_sets(SandboxConfig(warmup_calls=0), 16) == 0  # no warm-up asked for: none
