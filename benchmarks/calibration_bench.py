@@ -23,23 +23,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet_bench import scaled_task  # noqa: E402
+from fleet_bench import corpus_task  # noqa: E402
 
 from sandbox.config import SandboxConfig  # noqa: E402
 from sandbox.evaluator import Evaluator  # noqa: E402
-from sandbox.files import load_solution, load_task  # noqa: E402
+from sandbox.files import load_solution  # noqa: E402
 from sandbox.stress import DEFAULT_CORPUS  # noqa: E402
-from tasks.schema import Task  # noqa: E402
 
 
 def run(fmt: str, task_name: str, factor: int, evals: int, reuse: bool, work: Path) -> list[dict]:
     corpus = Path(DEFAULT_CORPUS)
-    meta = load_task(corpus / task_name).to_dict()
-    if factor != 1:
-        meta = scaled_task(meta, factor)
-        if meta is None:
-            raise SystemExit(f"calibration_bench: {task_name} has no shape parameter to scale")
-    task = Task.from_dict(meta)
+    task = corpus_task(task_name, factor)
     files = load_solution(corpus / task_name / fmt / "fast")
     backend = "cpu" if fmt == "cpu" else "cuda"
     cfg = SandboxConfig(backend=backend, cache_dir=str(work / "cache"), work_root=str(work / "ws"),

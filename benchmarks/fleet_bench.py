@@ -139,6 +139,20 @@ def scaled_task(task: dict[str, Any], factor: int) -> dict[str, Any] | None:
     return dict(task, id=f"{task['id']}_x{factor}", reference=ref, shape_params=dict(params, **{name: new}))
 
 
+
+def corpus_task(name: str, factor: int, corpus: Path = DEFAULT_CORPUS) -> "Task":
+    """The corpus task `name` as a tasks.schema.Task, its first shape parameter scaled by factor (1 = as it is).
+    Raises SystemExit when the task has no shape parameter to scale."""
+    from sandbox.files import load_task
+    from tasks.schema import Task
+
+    meta = load_task(Path(corpus) / name).to_dict()
+    if factor != 1:
+        meta = scaled_task(meta, factor)
+        if meta is None:
+            raise SystemExit(f"{name} has no shape parameter to scale")
+    return Task.from_dict(meta)
+
 def split_sets(split_files: list[str], demos_file: str, per_bucket: int) -> dict[str, list[dict[str, Solution]]]:
     """Per bucket, up to `per_bucket` tasks of the GPU split (tasks whose metadata holds an eager time measured on
     the H200, `eager_ms_source` "measured") that have cubin demonstrations: the "fused" one as the fast kind and

@@ -27,23 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet_bench import scaled_task  # noqa: E402
+from fleet_bench import corpus_task  # noqa: E402
 
 from sandbox.config import SandboxConfig  # noqa: E402
 from sandbox.evaluator import Evaluator  # noqa: E402
-from sandbox.files import load_solution, load_task  # noqa: E402
+from sandbox.files import load_solution  # noqa: E402
 from sandbox.stress import DEFAULT_CORPUS  # noqa: E402
 from tasks.schema import Task  # noqa: E402
-
-
-def corpus_task(name: str, factor: int) -> Task:
-    """The corpus task `name`, its first shape parameter scaled by factor (1 = as it is)."""
-    meta = load_task(Path(DEFAULT_CORPUS) / name).to_dict()
-    if factor != 1:
-        meta = scaled_task(meta, factor)
-        if meta is None:
-            raise SystemExit(f"warmup_bench: {name} has no shape parameter to scale")
-    return Task.from_dict(meta)
 
 
 def one_eval(ev: Evaluator, task: Task, files: dict[str, str], fmt: str) -> dict:
