@@ -205,6 +205,8 @@ def bench_noise(evs: dict, fmt: str, n: int, batch: int) -> dict:
             for line in row["profiles"][-1]["log"]:  # the harness costs it was charged against, and the charges
                 if "calibrated before" in line or "fell short" in line:
                     print(f"  {line[:220]}", flush=True)
+                elif "calibration (" in line or "candidate time requests" in line:  # the requests' parts
+                    print(f"  {line[:600]}", flush=True)
 
     def cv(xs):
         return statistics.pstdev(xs) / statistics.mean(xs)

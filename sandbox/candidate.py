@@ -530,9 +530,11 @@ class Worker:
         import gc
 
         torch = self.torch
-        self._drop_rep()
         perf = self.timer._perf
+        td = perf()
+        self._drop_rep()
         t0 = perf()
+        drop_ms = (t0 - td) * 1e3
         sets = self._decode(msg["input_sets"], self.io, self.shm)
         # on the CPU the timed calls read the read-only segment views in place (no copy); on a GPU they are copied
         # to the device here (inside the request, off the in-process clock)
@@ -574,6 +576,8 @@ class Worker:
                 guards.append(None)
                 return fn(inputs)
 
+        copies_s = [0.0]
+
         def after(out: Any) -> None:
             g = guards[-1]
             v = self._after_call(out, g) if g is not None else self.hooks.check() + _structure(out)
@@ -582,7 +586,9 @@ class Worker:
                 viol.extend(v)
                 finals.append(None)
                 return
+            tc = perf()
             finals.append(self._copies(len(finals), _tensors(out)))  # the outputs as they are now: final
+            copies_s[0] += perf() - tc
 
         launches0 = self._launch_total()
         t_run = perf()
@@ -603,8 +609,9 @@ class Worker:
             return {"ok": False, "status": "forbidden", "error": "", "violations": viol}
         # run_ms (the whole timed loop, the harness's work between calls included) is a diagnostic for the profile
         # log only: the trusted side never believes this process's clock (sandbox.timing)
+        between = {**r.pop("between_ms", {}), "copies": copies_s[0] * 1e3, "drop_rep": drop_ms}
         return {"ok": True, **r, "launches": self._launch_total() - launches0, "prep_ms": prep_ms,
-                "run_ms": (perf() - t_run) * 1e3, "violations": []}
+                "run_ms": (perf() - t_run) * 1e3, "between_ms": between, "violations": []}
 
     def _copies(self, k: int, ts: list) -> list:
         """Copies of timed call k's output tensors, into buffers the harness keeps from one repetition to the next
@@ -820,7 +827,9 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
         else:
             # whatever ran since the last reply (a hook that slipped through, a finalizer) is looked for first,
             # and whatever the request left behind before its reply
+            ti = perf()
             viol = integrity(full=False)
+            t_checks = perf() - ti
             if viol:
                 reply = {"ok": False, "status": "forbidden", "error": "", "violations": viol}
             else:
@@ -828,13 +837,17 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
                     reply = h(msg)
                 except BaseException:  # noqa: BLE001
                     reply = {"ok": False, "status": "internal_error", "error": _tb(ws), "violations": []}
+                ti = perf()
                 viol = integrity(full=op in full_after)
+                t_checks += perf() - ti
                 if viol:
                     reply = {"ok": False, "status": "forbidden", "error": reply.get("error", ""),
                              "violations": list(reply.get("violations") or []) + viol}
         gc.disable()
         if op in timed_ops:  # the request's time in this process, the checks around it included: diagnostic only
             reply["handler_ms"] = (perf() - t_in) * 1e3
+            if h is not None:
+                reply["integrity_ms"] = t_checks * 1e3
         reply["nonce"] = msg.get("nonce") if type(msg) is dict else None  # replies are matched to requests: a forged reply lacks the nonce
         try:
             send(fd_out, reply)

@@ -1430,19 +1430,37 @@ def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int) -> dic
     (handler_ms, run_ms, loop_ms, prep_ms; all ms): a diagnostic for the log, never used for a reward (the
     candidate's process can report anything). Keys: pipe (the wall clock less the round trip and the handler),
     checks (the handler less the timed run and the unpacking: the checks around the request), between_per_call
-    (the run less its timed regions, per call: the harness's work between calls), loop_per_call."""
+    (the run less its timed regions, per call: the harness's work between calls), loop_per_call; and, where the
+    reply has them, integrity, drop_rep and the between-calls parts per call (l2_reset, flush, setup, after,
+    copies)."""
     def num(key: str) -> float:
         v = reply.get(key)
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else float("nan")
 
     handler, run, loop, prep = num("handler_ms"), num("run_ms"), num("loop_ms"), num("prep_ms")
-    return {"pipe": wall_ms - rtt_ms - handler, "checks": handler - run - prep, "prep": prep,
-            "between_per_call": (run - loop) / calls, "loop_per_call": loop / calls}
+    out = {"pipe": wall_ms - rtt_ms - handler, "checks": handler - run - prep, "prep": prep,
+           "between_per_call": (run - loop) / calls, "loop_per_call": loop / calls}
+    # finer parts where the harness reports them: the integrity checks around the request, the previous
+    # repetition's scrub (drop_rep), and the between-calls work per call (l2_reset, flush, setup, after, copies)
+    if "integrity_ms" in reply:
+        out["integrity"] = num("integrity_ms")
+    parts = reply.get("between_ms")
+    if isinstance(parts, dict):
+        for k in ("drop_rep", "l2_reset", "flush", "setup", "after", "copies"):
+            v = parts.get(k)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out[k if k == "drop_rep" else f"{k}_per_call"] = float(v) if k == "drop_rep" else float(v) / calls
+    return out
 
 
 def parts_summary(parts: list[dict]) -> str:
     """Medians of request_parts records, one 'key a.bcd ms' item each."""
-    return ", ".join(f"{k} {_median([p[k] for p in parts]):.3f} ms" for k in parts[0])
+    keys = list(dict.fromkeys(k for p in parts for k in p))
+    items = []
+    for k in keys:
+        vals = [p[k] for p in parts if k in p and math.isfinite(p[k])]
+        items.append(f"{k} {_median(vals):.3f} ms" if vals else f"{k} -")
+    return ", ".join(items)
 
 
 def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,

@@ -104,6 +104,10 @@ class Timer:
         self._expiries: dict[str, int] = {}
         self.gate_latency_ms = 0.0
         self._perf = _PERF
+        # where a run's time outside its timed regions went (ms, summed over the run's calls; diagnostic only: the
+        # trusted side never believes a candidate process's clock): l2_reset, flush (the L2 flush enqueued and the
+        # device synchronised), setup (events made, gate closed), after (the caller's `after`)
+        self.between_ms: dict[str, float] = {}
         self._refs: dict[str, Any] = {"time.perf_counter": time.perf_counter, "timing.Timer.run": Timer.run,
                                       "timing.Timer.tampered": Timer.tampered}
         if cuda:
@@ -206,14 +210,17 @@ class Timer:
                     after(out)
             return _result(loop * 1e3, loop * 1e3, calls)
         sync, rec, ela = self._sync, self._record, self._elapsed
+        self.between_ms = {}
         if self.gate is not None and label not in self.ungated and self._on_gate_device():
             return self._run_gated(fn, args_per_call, after, label)
         pairs = []
         for a in args_per_call:
             self._before_call()
+            ts = perf()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
             t0 = perf()
+            self.between_ms["setup"] = self.between_ms.get("setup", 0.0) + (t0 - ts) * 1e3
             rec(s)
             out = fn(a)
             sync()
@@ -221,16 +228,28 @@ class Timer:
             loop += perf() - t0
             pairs.append((s, e))
             if after is not None:
-                after(out)
+                self._after(after, out)
         sync()
-        return _result(sum(ela(s, e) for s, e in pairs), loop * 1e3, calls)
+        return _result(sum(ela(s, e) for s, e in pairs), loop * 1e3, calls, between_ms=self.between_ms)
 
     def _before_call(self) -> None:
         """CUDA, before each timed call: persisting L2 lines reset, L2 flushed, the device synchronised."""
+        perf, b = self._perf, self.between_ms
+        t0 = perf()
         self._l2.reset()
+        t1 = perf()
         if self.flush is not None:
             self.flush.zero_()
         self._sync()
+        t2 = perf()
+        b["l2_reset"] = b.get("l2_reset", 0.0) + (t1 - t0) * 1e3
+        b["flush"] = b.get("flush", 0.0) + (t2 - t1) * 1e3
+
+    def _after(self, after: Callable[[Any], None], out: Any) -> None:
+        """The caller's untimed `after(out)`, its time added to between_ms["after"]."""
+        t0 = self._perf()
+        after(out)
+        self.between_ms["after"] = self.between_ms.get("after", 0.0) + (self._perf() - t0) * 1e3
 
     def side_work(self) -> None:
         """Called by the harness from inside a gated call (fn) that put work on a stream other than the held one
@@ -255,13 +274,18 @@ class Timer:
         total = 0.0
         gated = expired = side = 0
         hosts: list[float] = []
+        between = self.between_ms
         for k, a in enumerate(args_per_call):
             if label in self.ungated:  # the gate expired earlier in this run: the rest ungated
                 rest = self.run(fn, args_per_call[k:], after, label)
                 loop += rest["loop_ms"] / 1e3
                 total += rest["event_ms"]
+                for key, v in between.items():  # run() started a dict of its own: this run's parts added back
+                    self.between_ms[key] = self.between_ms.get(key, 0.0) + v
+                between = self.between_ms
                 break
             self._before_call()
+            ts = perf()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
             held = stream()
@@ -269,6 +293,7 @@ class Timer:
             gate.close(handle)
             rec(s, held)
             t0 = perf()
+            between["setup"] = between.get("setup", 0.0) + (t0 - ts) * 1e3
             moved = self._side = False
             try:
                 out = fn(a)
@@ -297,17 +322,18 @@ class Timer:
                 gated += 1
                 total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, lat, allow)
             if after is not None:
-                after(out)
+                self._after(after, out)
         hosts.sort()
         return _result(total, loop * 1e3, len(args_per_call), gated, expired, side,
-                       hosts[len(hosts) // 2] if hosts else 0.0)
+                       hosts[len(hosts) // 2] if hosts else 0.0, dict(between))
 
 
 def _result(event_ms: float, loop_ms: float, calls: int, gated: int = 0, expired: int = 0, side: int = 0,
-            host_ms: float = 0.0) -> dict[str, Any]:
+            host_ms: float = 0.0, between_ms: dict[str, float] | None = None) -> dict[str, Any]:
     """Timer.run's record (see its doc)."""
     return {"ms_per_call": event_ms / max(calls, 1), "loop_ms": loop_ms, "event_ms": event_ms, "calls": calls,
-            "gated": gated, "gate_expired": expired, "gate_side": side, "host_ms": host_ms}
+            "gated": gated, "gate_expired": expired, "gate_side": side, "host_ms": host_ms,
+            "between_ms": dict(between_ms or {})}
 
 
 def gated_figure(event_ms: float, release_to_sync_ms: float, host_ms: float, latency_ms: float,

@@ -1,4 +1,5 @@
 import math
+import time
 
 import pytest
 import torch
@@ -118,7 +119,13 @@ def test_both_sides_run_with_the_fixed_allocator_regime(tmp_path, monkeypatch):
     assert MALLOC_ENV.items() <= _worker_env(cfg).items()
     with Evaluator(cfg) as ev:
         ev._ensure_worker()
-        environ = Path(f"/proc/{ev._proc.pid}/environ").read_bytes().split(b"\0")
+        # between fork and exec (or while exec swaps the image) the kernel shows an empty environ: read again
+        environ = [b""]
+        for _ in range(100):
+            environ = Path(f"/proc/{ev._proc.pid}/environ").read_bytes().split(b"\0")
+            if environ != [b""] or ev._proc.poll() is not None:
+                break
+            time.sleep(0.05)
     for k, v in MALLOC_ENV.items():
         assert f"{k}={v}".encode() in environ
     assert not [e for e in environ if e.startswith((b"GLIBC_TUNABLES=", b"MALLOC_ARENA_MAX="))]

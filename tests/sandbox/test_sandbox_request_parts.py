@@ -1,0 +1,30 @@
+"""The profile log's breakdown of a time request (reference_worker.request_parts / parts_summary): a diagnostic,
+checked here on hand-made replies against the arithmetic its docstring states."""
+
+import math
+
+from sandbox.reference_worker import parts_summary, request_parts
+
+
+def test_request_parts_splits_the_wall_clock_and_the_between_calls_work_per_call():
+    reply = {"handler_ms": 5.0, "run_ms": 3.0, "loop_ms": 1.8, "prep_ms": 1.0, "integrity_ms": 0.4,
+             "between_ms": {"l2_reset": 0.06, "flush": 0.6, "setup": 0.03, "after": 0.3, "copies": 0.12,
+                            "drop_rep": 0.2}}
+    p = request_parts(reply, wall_ms=6.5, rtt_ms=0.5, calls=3)
+    assert math.isclose(p["pipe"], 1.0) and math.isclose(p["checks"], 1.0) and p["prep"] == 1.0
+    assert math.isclose(p["between_per_call"], 0.4) and math.isclose(p["loop_per_call"], 0.6)
+    assert p["integrity"] == 0.4 and p["drop_rep"] == 0.2  # per request
+    assert math.isclose(p["flush_per_call"], 0.2) and math.isclose(p["after_per_call"], 0.1)
+    assert math.isclose(p["copies_per_call"], 0.04) and math.isclose(p["l2_reset_per_call"], 0.02)
+
+
+def test_request_parts_without_the_finer_parts_and_with_bad_values():
+    p = request_parts({"handler_ms": 2.0, "run_ms": 1.0, "loop_ms": 0.5, "prep_ms": 0.1,
+                       "between_ms": {"flush": "x", "after": float("inf")}}, 3.0, 0.5, 1)
+    assert set(p) == {"pipe", "checks", "prep", "between_per_call", "loop_per_call"}
+
+
+def test_parts_summary_takes_the_median_of_each_key_over_the_requests_that_have_it():
+    parts = [{"pipe": 1.0, "flush_per_call": 0.2}, {"pipe": 3.0}, {"pipe": 2.0, "flush_per_call": float("nan")}]
+    assert parts_summary(parts) == "pipe 2.000 ms, flush_per_call 0.200 ms"
+    assert parts_summary([{"pipe": float("nan")}]) == "pipe -"
