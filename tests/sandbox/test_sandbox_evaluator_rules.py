@@ -372,3 +372,48 @@ def test_warm_up_sets_follow_the_calls_per_repetition():
     assert warmup_sets(SandboxConfig(warmup_calls=3), 16) == 16
     assert warmup_sets(SandboxConfig(warmup_calls=3), 1) == 3
     assert warmup_sets(SandboxConfig(warmup_calls=0), 16) == 0  # no warm-up asked for: none
+
+
+def test_after_import_scale_follows_the_measured_ratio_within_its_bound():
+    """reference_worker.after_import_scale: after / before, at most max_ratio, below 1 when cheaper; 1 without a
+    pre-import cost to scale."""
+    from sandbox.reference_worker import after_import_scale
+
+    assert after_import_scale(2.0, 2.5, 1.5) == pytest.approx(1.25)
+    assert after_import_scale(2.0, 9.0, 1.5) == 1.5  # a rise beyond the bound is not believed
+    assert after_import_scale(2.0, 1.0, 1.5) == pytest.approx(0.5)  # cheaper after the import: less subtracted
+    assert after_import_scale(0.0, 1.0, 1.5) == 1.0
+    assert after_import_scale(2.0, float("nan"), 1.5) == 1.0
+
+
+def test_harness_costs_checked_after_the_import(tmp_path):
+    """SandboxConfig.calibration_after_import_rounds: after the import, no-op requests of the calibration's size
+    measure the harness's cost again; the log gives both figures and the scale (within the bound) applied to the
+    calibrated costs, and an honest solution is still evaluated. Off: no such line. The config names bad values."""
+    import re
+
+    from sandbox.config import SandboxConfig
+    from sandbox.evaluator import Evaluator
+
+    logs = {}
+    for rounds in (0, 2):
+        ev = Evaluator(cpu_config(tmp_path / str(rounds), calibration_after_import_rounds=rounds, use_compile=False,
+                                  reps=3, early_stop_reps=0, min_rep_ms=30.0))
+        try:
+            r = ev.evaluate(load_task(TASK), FAST, "cpu")
+        finally:
+            ev.close()
+        assert r.status == "ok" and r.reward >= 0, (r.status, r.message)
+        logs[rounds] = "\n".join(r.log)
+    assert "harness costs after the import" not in logs[0]
+    m = re.search(r"harness costs after the import: ([\d.]+) ms per (\d+)-call request against ([\d.]+) ms before "
+                  r"it; the calibrated costs scaled by ([\d.]+) \(at most 1.5\)", logs[2])
+    assert m, logs[2]
+    after, before, scale = float(m.group(1)), float(m.group(3)), float(m.group(4))
+    assert after > 0 and before > 0
+    assert scale == pytest.approx(min(after / before, 1.5), rel=0.02, abs=2e-3)
+    assert "calibration after the import (" in logs[2]
+    with pytest.raises(ValueError, match="calibration_after_import_rounds must be >= 0"):
+        SandboxConfig(calibration_after_import_rounds=-1)
+    with pytest.raises(ValueError, match="calibration_after_import_max_ratio must be >= 1"):
+        SandboxConfig(calibration_after_import_max_ratio=0.9)
