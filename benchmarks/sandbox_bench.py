@@ -205,7 +205,7 @@ def bench_noise(evs: dict, fmt: str, n: int, batch: int) -> dict:
             for line in row["profiles"][-1]["log"]:  # the harness costs it was charged against, and the charges
                 if "calibrated before" in line or "fell short" in line:
                     print(f"  {line[:220]}", flush=True)
-                elif ("calibration (" in line or "candidate time requests" in line or "after the import" in line):
+                elif "calibration (" in line or "candidate time requests" in line:  # the requests' parts
                     print(f"  {line[:600]}", flush=True)
 
     def cv(xs):
@@ -231,10 +231,9 @@ def main() -> None:
     ap.add_argument("--evals", type=int, default=10)
     ap.add_argument("--noise-batch", type=int, default=1024)
     ap.add_argument("--noise-n", type=int, default=10, help="profiles per setting in the noise section")
-    ap.add_argument("--noise-compare", default="gate_off", choices=("gate_off", "calibration_16", "after_import", "none"),
+    ap.add_argument("--noise-compare", default="gate_off", choices=("gate_off", "calibration_16", "none"),
                     help="the noise section's second setting beside the defaults: the timing gate off (CUDA only), "
-                    "the harness calibrated at up to 16 calls per request, its costs checked after the import "
-                    "(calibration_after_import_rounds 3; the defaults' own value when they set it), or none")
+                    "the harness calibrated at up to 16 calls per request, or none")
     ap.add_argument("--sections", default="build,e2e,noise", help="comma-separated: build (cubin + extension "
                     "builds and the CUDA-Agent-style flow), e2e, noise")
     a = ap.parse_args()
@@ -296,9 +295,6 @@ def main() -> None:
                 elif a.noise_compare == "calibration_16":  # the harness calibrated at up to 16 calls, not 4
                     evs["calibration_16"] = stack.enter_context(
                         Evaluator(dataclasses.replace(cfg, calibration_calls_max=16)))
-                elif a.noise_compare == "after_import":  # the harness costs measured again after the import
-                    evs["after_import"] = stack.enter_context(Evaluator(dataclasses.replace(
-                        cfg, calibration_after_import_rounds=cfg.calibration_after_import_rounds or 3)))
                 res["noise"] = bench_noise(evs, fmt, a.noise_n, a.noise_batch if res["backend"] == "cuda" else 64)
             except Exception as e:  # noqa: BLE001
                 res["noise"] = {"error": f"{type(e).__name__}: {e}"}

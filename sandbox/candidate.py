@@ -494,9 +494,9 @@ class Worker:
 
     def calibrate(self, msg: dict) -> dict:
         """`time` with a no-op in place of forward that returns fresh tensors of msg["outputs"] ([shape, dtype]
-        pairs): the harness's own cost per call, for the trusted side. Before load; after it too, for the trusted
-        side's check of the costs after the import (SandboxConfig.calibration_after_import_rounds): the no-op is
-        the harness's own code, forward is not called."""
+        pairs): the harness's own cost per call, for the trusted side (before load only: no solution code)."""
+        if self.model is not None:
+            return {"ok": False, "status": "internal_error", "error": "calibrate after load", "violations": []}
         if self.timer.gate is not None and not self._gate_recalibrated:
             # the latency measured at setup may include the trusted side's reference stage, which overlaps setup on
             # the same GPU (time slices): measured again now, while the trusted side waits for this request

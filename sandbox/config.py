@@ -140,18 +140,6 @@ class SandboxConfig:
     """Profile: only a calibration that took at least this long (ms) is reused (calibration_reuse_evals). A short
     one is measured again in every evaluation: it costs little and follows changes of the host's load (harness
     costs measured on an idle host and reused on a loaded one would charge an honest solution the difference)."""
-    calibration_after_import_rounds: int = 0
-    """Profile: after the solution's import and the profile's warm-up, this many `calibrate` requests (the
-    calibration's no-op, as many calls as a timed repetition; one more, unmeasured, first) measure the harness's
-    cost per request as the candidate's process now is. The costs calibrated before the import are scaled by after / before, at most
-    calibration_after_import_max_ratio (sandbox.reference_worker.after_import_scale). On the H200 a time request
-    cost 0.2-0.6 ms more after an honest cubin solution's import than the pre-import calibration predicted
-    (benchmarks/RESULTS.md), which the shortfall rule charged to the solution. No solution code runs during these
-    requests; a solution that could slow them anyway would gain at most (max_ratio - 1) x the pre-import costs per
-    repetition, on top of the timing slack. 0 = off."""
-    calibration_after_import_max_ratio: float = 1.5
-    """Profile: the most the harness costs checked after the import (calibration_after_import_rounds) may scale
-    the pre-import ones by (>= 1)."""
     calibration_calls_max: int = 4
     """Profile: the harness calibration's larger request times min(this, the profile's calls per repetition) calls
     (its smaller one times 1; their difference gives the per-call cost). 4 kept the calibration at 111-202 ms of an
@@ -280,12 +268,6 @@ class SandboxConfig:
         if self.calibration_reuse_evals < 0:
             raise ValueError(f"SandboxConfig.calibration_reuse_evals must be >= 0 (0 = calibrate every evaluation), "
                              f"got {self.calibration_reuse_evals}")
-        if self.calibration_after_import_rounds < 0:
-            raise ValueError("SandboxConfig.calibration_after_import_rounds must be >= 0 (0 = off), got "
-                             f"{self.calibration_after_import_rounds}")
-        if not self.calibration_after_import_max_ratio >= 1.0:
-            raise ValueError("SandboxConfig.calibration_after_import_max_ratio must be >= 1, got "
-                             f"{self.calibration_after_import_max_ratio}")
         if self.calibration_calls_max < 1:
             raise ValueError(f"SandboxConfig.calibration_calls_max must be >= 1, got {self.calibration_calls_max}")
         if self.calibration_reuse_min_ms < 0:

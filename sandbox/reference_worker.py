@@ -1100,7 +1100,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         with gpu.timed():
             pf.resume()
             timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt,
-                              prec, calib, (inputs_cpu[0], ref_outs[0]))
+                              prec, calib)
         out["stage_ms"]["profile"] = (time.perf_counter() - t3) * 1e3
         out["timing"] = timing.to_dict()
         out.update(status=Status.OK.value, reward=float(timing.milestone), message=timing.milestone_reason)
@@ -1406,41 +1406,6 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
     return rtt, max(0.0, one - per_call), per_call
 
 
-def _cost_after_import(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io: Any, rtt: float,
-                       rounds: int) -> tuple[float, list[dict]]:
-    """The median cost (ms) of a `calibrate` request of `calls` calls after the solution's import: the same no-op
-    requests as _calibrate's (trusted code only: forward is not called, and no code of the solution runs during
-    them, as the integrity checks around every request see), timed by this process's clock, less the round trip
-    measured before the import (`rtt`), the candidate's loop and its reported unpacking. One unmeasured round
-    first, then `rounds`. Returns (median cost, request_parts of each measured request)."""
-    zeros = [torch.zeros_like(t) if isinstance(t, torch.Tensor) else t for t in x_cpu]
-    outs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in _tensor_list(ref_out)]
-    costs: list[float] = []
-    parts: list[dict] = []
-    for k in range(rounds + 1):
-        rec = cand.encode_inputs([zeros] * calls, io)
-        with _no_collection():
-            tw = time.perf_counter()
-            reply = _run(cand, {"op": "calibrate", "input_sets": rec, "outputs": outs}, 30.0, "calibration")
-            wall = (time.perf_counter() - tw) * 1e3
-        del rec
-        _run(cand, {"op": "sample", "positions": [], "full": -1}, 30.0, "calibration")
-        if k:
-            loop, prep = float(reply.get("loop_ms", 0.0)), float(reply.get("prep_ms", 0.0))
-            costs.append(max(0.0, wall - rtt - loop - prep))
-            parts.append(request_parts(reply, wall, rtt, calls))
-    return _median(costs), parts
-
-
-def after_import_scale(before_ms: float, after_ms: float, max_ratio: float) -> float:
-    """The factor the pre-import harness costs are scaled by (SandboxConfig.calibration_after_import_rounds):
-    after / before, at most max_ratio; below 1 when the requests got cheaper (less is then subtracted). 1.0 when
-    the pre-import cost is 0 (nothing to scale)."""
-    if not before_ms > 0 or not math.isfinite(after_ms):
-        return 1.0
-    return min(max(after_ms, 0.0) / before_ms, max_ratio)
-
-
 @contextlib.contextmanager
 def _no_collection() -> Iterator[None]:
     """This process's garbage collector paused over a trusted wall-clock measurement of a candidate request: a
@@ -1500,16 +1465,13 @@ def parts_summary(parts: list[dict]) -> str:
 
 def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Prefetch, x0: list, cfg: SandboxConfig,
              cuda: bool, device: str, atol: float, rtol: float, out: dict, io: str, fmt: str,
-             prec: dict, calib: tuple[float, float, float],
-             recal: tuple[list, Any] | None = None) -> TimingStats:
+             prec: dict, calib: tuple[float, float, float]) -> TimingStats:
     """Interleaved repetitions of eager, torch.compile and the candidate on fresh inputs per call (see the module
     doc of sandbox.timing for what is trusted). Each repetition: `calls` input sets from fresh seeds (made ahead
     by the Prefetch thread, which is held idle around every timed region, or here), the same for the three; the candidate
     gets them (through its input segment) only just before its timed calls of that repetition; its outputs of every
     call are checked at random positions chosen after the call, and one call's outputs in full, against eager's
-    outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example). recal: (a trial's
-    inputs on the CPU, its reference outputs) for the harness costs'
-    check after the import (SandboxConfig.calibration_after_import_rounds), made at the repetitions' size."""
+    outputs on the same inputs. x0: a trial's inputs on the device (torch.compile's example)."""
     deadline = time.monotonic() + cfg.profile_timeout_s
     with pf.quiet():  # the gate latency is measured with the input thread held (its GPU work would count in it)
         timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
@@ -1580,24 +1542,6 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         out["log"].append(f"profile: warm-up of {len(warm)} call(s) each (untimed; {calls} call(s) per repetition)")
     n_warm = len(warm)
     del warm, warm_dev
-    if recal is not None and cfg.calibration_after_import_rounds:
-        # the same no-op requests after the import: the harness's costs in this process as it now is (the
-        # solution's modules, its kernels' launcher state), the rise bounded by calibration_after_import_max_ratio
-        # at the repetitions' own size: the cost the trusted estimate subtracts from each of them
-        x_cal, ref_cal = recal
-        n_cal = calls
-        before = fixed + n_cal * ovh
-        after, post_parts = _cost_after_import(cand, x_cal, ref_cal, n_cal, io, rtt,
-                                               cfg.calibration_after_import_rounds)
-        scale = after_import_scale(before, after, cfg.calibration_after_import_max_ratio)
-        fixed, ovh = fixed * scale, ovh * scale
-        out["log"].append(f"profile: harness costs after the import: {after:.3f} ms per {n_cal}-call request against "
-                          f"{before:.3f} ms before it; the calibrated costs scaled by {scale:.3f} (at most "
-                          f"{cfg.calibration_after_import_max_ratio:g}): {fixed:.3f} ms per request + {ovh:.3f} ms "
-                          "per timed call")
-        if post_parts:
-            out["log"].append(f"profile: calibration after the import ({n_cal} calls per request; the harness's own "
-                              "report, a diagnostic): " + parts_summary(post_parts))
     impls = ["eager", "candidate"] + (["compiled"] if compiled is not None else [])
     samples: dict[str, list[float]] = {k: [] for k in impls}
     walls: list[float] = []
