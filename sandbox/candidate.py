@@ -848,7 +848,12 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
             reply["handler_ms"] = (perf() - t_in) * 1e3
             if h is not None:
                 reply["integrity_ms"] = t_checks * 1e3
+            # this process's clock (CLOCK_MONOTONIC, the trusted side's too) at receipt and at the reply: the trusted
+            # side's diagnostic splits the pipe by direction (sandbox.reference_worker.request_parts)
+            reply["t_recv"] = t_in
         reply["nonce"] = msg.get("nonce") if type(msg) is dict else None  # replies are matched to requests: a forged reply lacks the nonce
+        if op in timed_ops:
+            reply["t_send"] = perf()
         try:
             send(fd_out, reply)
         except closed:

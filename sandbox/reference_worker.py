@@ -1395,7 +1395,7 @@ def _calibrate(cand: CandidateProcess, x_cpu: list, ref_out: Any, calls: int, io
             if k and reuse is None:  # round 0: the warm-up (every round, when the costs are reused)
                 costs[n].append(max(0.0, wall - rtt - loop - prep))
                 if n == big:
-                    parts.append(request_parts(reply, wall, rtt, n))
+                    parts.append(request_parts(reply, wall, rtt, n, tw))
     if reuse is not None:
         return rtt, reuse[0], reuse[1]
     one, many = (_median(costs[1]), _median(costs[big]))
@@ -1425,14 +1425,16 @@ def _median(v: list[float]) -> float:
     return statistics.median_high(v) if v else 0.0
 
 
-def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int) -> dict:
+def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int, sent_s: float | None = None) -> dict:
     """Where one time (or calibrate) request's trusted wall clock went, by the candidate harness's own report
     (handler_ms, run_ms, loop_ms, prep_ms; all ms): a diagnostic for the log, never used for a reward (the
     candidate's process can report anything). Keys: pipe (the wall clock less the round trip and the handler),
     checks (the handler less the timed run and the unpacking: the checks around the request), between_per_call
     (the run less its timed regions, per call: the harness's work between calls), loop_per_call; and, where the
-    reply has them, integrity, drop_rep and the between-calls parts per call (l2_reset, flush, setup, after,
-    copies)."""
+    reply has them, integrity, drop_rep and the between-calls parts per call (l2_limit, l2_reset, flush, setup,
+    after, copies). sent_s: this process's time.perf_counter() when it began the request (the wall clock's start); with
+    the reply's t_recv and t_send (the candidate's clock, the same CLOCK_MONOTONIC) the pipe is split into
+    pipe_request (sent to received) and pipe_reply (reply sent to the wall clock's end)."""
     def num(key: str) -> float:
         v = reply.get(key)
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else float("nan")
@@ -1441,12 +1443,17 @@ def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int) -> dic
     out = {"pipe": wall_ms - rtt_ms - handler, "checks": handler - run - prep, "prep": prep,
            "between_per_call": (run - loop) / calls, "loop_per_call": loop / calls}
     # finer parts where the harness reports them: the integrity checks around the request, the previous
-    # repetition's scrub (drop_rep), and the between-calls work per call (l2_reset, flush, setup, after, copies)
+    # repetition's scrub (drop_rep), and the between-calls work per call (l2_limit, l2_reset, flush, setup, after,
+    # copies)
+    t_recv, t_send = reply.get("t_recv"), reply.get("t_send")
+    if sent_s is not None and isinstance(t_recv, float) and isinstance(t_send, float):
+        out["pipe_request"] = (t_recv - sent_s) * 1e3
+        out["pipe_reply"] = (sent_s + wall_ms / 1e3 - t_send) * 1e3
     if "integrity_ms" in reply:
         out["integrity"] = num("integrity_ms")
     parts = reply.get("between_ms")
     if isinstance(parts, dict):
-        for k in ("drop_rep", "l2_reset", "flush", "setup", "after", "copies"):
+        for k in ("drop_rep", "l2_limit", "l2_reset", "flush", "setup", "after", "copies"):
             v = parts.get(k)
             if isinstance(v, (int, float)) and math.isfinite(v):
                 out[k if k == "drop_rep" else f"{k}_per_call"] = float(v) if k == "drop_rep" else float(v) / calls
@@ -1632,7 +1639,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                 ms = ev / calls
                 est = trusted_estimate(wall, rtt, ovh, calls, reply.get("prep_ms"), enc_ms + h2d_ms, fixed)
                 ests.append(est)
-                parts.append({**request_parts(reply, wall, rtt, calls), "trusted_prep": enc_ms + h2d_ms})
+                parts.append({**request_parts(reply, wall, rtt, calls, tw), "trusted_prep": enc_ms + h2d_ms})
                 ratios.append(loop / max(est, 1e-6))
                 shortfalls.append(est - loop)
                 full_charge = True

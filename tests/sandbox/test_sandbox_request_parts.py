@@ -28,3 +28,13 @@ def test_parts_summary_takes_the_median_of_each_key_over_the_requests_that_have_
     parts = [{"pipe": 1.0, "flush_per_call": 0.2}, {"pipe": 3.0}, {"pipe": 2.0, "flush_per_call": float("nan")}]
     assert parts_summary(parts) == "pipe 2.000 ms, flush_per_call 0.200 ms"
     assert parts_summary([{"pipe": float("nan")}]) == "pipe -"
+
+
+def test_request_parts_splits_the_pipe_by_direction_on_the_shared_monotonic_clock():
+    """With the wall clock's start (sent_s) and the reply's t_recv / t_send, the pipe is split into the request's
+    way there and the reply's way back; the two add up to the pipe."""
+    reply = {"handler_ms": 5.0, "run_ms": 3.0, "loop_ms": 1.8, "prep_ms": 1.0, "t_recv": 100.0004, "t_send": 100.0054}
+    p = request_parts(reply, wall_ms=6.0, rtt_ms=0.0, calls=3, sent_s=100.0)
+    assert math.isclose(p["pipe_request"], 0.4, abs_tol=1e-6) and math.isclose(p["pipe_reply"], 0.6, abs_tol=1e-6)
+    assert math.isclose(p["pipe_request"] + p["pipe_reply"], p["pipe"], abs_tol=1e-6)
+    assert "pipe_request" not in request_parts(reply, 6.0, 0.0, 3)  # no start given: no split
