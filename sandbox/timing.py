@@ -65,27 +65,39 @@ def l2_flush_buffer(nbytes: int, device: str) -> torch.Tensor | None:
 
 class PersistingL2:
     """Resets persisting L2 lines and the persisting set-aside of the current context (driver API, ctypes).
-    A no-op where libcuda or the calls are missing (CPU hosts, old drivers): `available` says which."""
+    A no-op where libcuda or the calls are missing (CPU hosts, old drivers): `available` says which.
+
+    The set-aside limit is read first (cuCtxGetLimit) and set to 0 only when it is not 0 already: on the H200,
+    cuCtxSetLimit took 0.036 ms a call before a solution's import and 0.080 ms after its kernels had run, a
+    difference the calibration did not see and the shortfall rule charged to the solution (benchmarks/RESULTS.md,
+    session 12). A limit the solution set (the extension format can) is still put back to 0 before every call, and
+    the persisting lines are reset before every call whatever the limit was."""
 
     CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
 
     def __init__(self) -> None:
         self.available = False
+        self._value = ctypes.c_size_t(0)
         try:
             lib = ctypes.CDLL("libcuda.so.1")
             self._reset = lib.cuCtxResetPersistingL2Cache
             self._limit = lib.cuCtxSetLimit
             self._limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+            self._get = lib.cuCtxGetLimit
+            self._get.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+            self._ref = ctypes.byref(self._value)
             self.available = True
         except (OSError, AttributeError):
             pass
 
     def reset(self, parts: dict[str, float] | None = None) -> None:
-        """Set-aside limit 0, then the persisting lines reset; parts (optional): the two calls' ms added under
-        l2_limit and l2_reset (Timer.between_ms, a diagnostic)."""
+        """Set-aside limit 0 (when it is not already), then the persisting lines reset; parts (optional): the two
+        steps' ms added under l2_limit and l2_reset (Timer.between_ms, a diagnostic)."""
         if self.available:
             t0 = _PERF()
-            self._limit(self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+            # a failed query (non-zero CUresult) or a limit above 0: set to 0, as before the query existed
+            if self._get(self._ref, self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE) != 0 or self._value.value != 0:
+                self._limit(self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
             t1 = _PERF()
             self._reset()
             if parts is not None:
