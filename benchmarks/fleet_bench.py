@@ -1,7 +1,7 @@
 """Fleet benchmark (issue 5): how many evaluations a sandbox node takes, with the training reward settings.
 
     python benchmarks/fleet_bench.py cpu --out OUTDIR [--workers 1,2] [--duration-s 240]
-    python benchmarks/fleet_bench.py gpu --out OUTDIR [--budget-s 480] [--mix fast=3,slow=1]
+    python benchmarks/fleet_bench.py gpu --out OUTDIR [--budget-s 480] [--stop-s 20] [--mix fast=3,slow=1]
 
 cpu: a local node on the CPU backend of this machine, for each worker count in --workers: a closed-loop run
      (concurrency = 2 x workers + 1, so the queue never runs dry) of corpus solutions in the cpu format (mix of
@@ -243,7 +243,7 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
             mix = parse_mix(args.mix)
             buckets = [b for b in BUCKETS if variants[b[0]] or b[0] in split]
             for i, (name, _, _) in enumerate(buckets):
-                left = args.budget_s - (time.monotonic() - t_start)
+                left = args.budget_s - args.stop_s - (time.monotonic() - t_start)
                 share = left / (len(buckets) - i)
                 if share < 30:
                     print(f"fleet_bench gpu: budget spent before bucket {name}", file=sys.stderr)
@@ -278,7 +278,9 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                 (out / "fleet_bench.partial.json").write_text(json.dumps(
                     {"rows": rows, "calibration": calibration, "gpus": gpus}, indent=1, default=str))
     finally:
-        node.stop()
+        # the node's drain gets what --stop-s reserved, then it is killed (jobs still running then are the load's
+        # last, already outside every measured row): a drain of the 600 s job deadline overran the budget
+        node.stop(timeout_s=args.stop_s)
     return {"rows": rows, "calibration": calibration, "gpus": gpus}
 
 
@@ -293,6 +295,8 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2", help="cpu: worker counts to measure")
     ap.add_argument("--duration-s", type=float, default=240.0, help="cpu: seconds of load per worker count")
     ap.add_argument("--budget-s", type=float, default=480.0, help="gpu: total seconds (calibration included)")
+    ap.add_argument("--stop-s", type=float, default=20.0, help="gpu: seconds of --budget-s kept for the node's "
+                    "drain at the end (then it is killed)")
     ap.add_argument("--factors", default="1,16,256", help="gpu: scales of the first shape parameter (corpus sizes "
                     "for the buckets the GPU split leaves empty)")
     ap.add_argument("--per-bucket", type=int, default=3, help="gpu: corpus task sizes per bucket")
