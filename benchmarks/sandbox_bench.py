@@ -231,9 +231,11 @@ def main() -> None:
     ap.add_argument("--evals", type=int, default=10)
     ap.add_argument("--noise-batch", type=int, default=1024)
     ap.add_argument("--noise-n", type=int, default=10, help="profiles per setting in the noise section")
-    ap.add_argument("--noise-compare", default="gate_off", choices=("gate_off", "calibration_16", "none"),
+    ap.add_argument("--noise-compare", default="gate_off",
+                    choices=("gate_off", "calibration_16", "harness_slack", "none"),
                     help="the noise section's second setting beside the defaults: the timing gate off (CUDA only), "
-                    "the harness calibrated at up to 16 calls per request, or none")
+                    "the harness calibrated at up to 16 calls per request, a timing slack of a quarter of the "
+                    "calibrated harness cost (timing_slack_harness_rel 0.25), or none")
     ap.add_argument("--sections", default="build,e2e,noise", help="comma-separated: build (cubin + extension "
                     "builds and the CUDA-Agent-style flow), e2e, noise")
     a = ap.parse_args()
@@ -295,6 +297,9 @@ def main() -> None:
                 elif a.noise_compare == "calibration_16":  # the harness calibrated at up to 16 calls, not 4
                     evs["calibration_16"] = stack.enter_context(
                         Evaluator(dataclasses.replace(cfg, calibration_calls_max=16)))
+                elif a.noise_compare == "harness_slack":  # a slack of a quarter of the calibrated harness cost
+                    evs["harness_slack"] = stack.enter_context(
+                        Evaluator(dataclasses.replace(cfg, timing_slack_harness_rel=0.25)))
                 res["noise"] = bench_noise(evs, fmt, a.noise_n, a.noise_batch if res["backend"] == "cuda" else 64)
             except Exception as e:  # noqa: BLE001
                 res["noise"] = {"error": f"{type(e).__name__}: {e}"}

@@ -166,6 +166,12 @@ class SandboxConfig:
     can gain by under-reporting, per repetition."""
     timing_slack_rel: float = 0.03
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
+    timing_slack_harness_rel: float = 0.0
+    """Profile: a part of the timing slack proportional to the harness's calibrated cost of one repetition (this
+    fraction of fixed + calls x per-call cost, sandbox.reference_worker._calibrate). On the H200 the harness's work
+    between an honest solution's calls ran 15-25% slower than between the calibration's no-op calls (session 12,
+    benchmarks/RESULTS.md), which the rule charged to the solution. It is also what a solution could then hide per
+    repetition beyond timing_slack_ms. 0 = off (the default until measured on a GPU)."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
     timing_gate: bool = True
@@ -286,6 +292,9 @@ class SandboxConfig:
                              "and timing_gate_native_host_allowance_ms >= 0")
         if self.timing_slack_ms < 0 or not 0 <= self.timing_slack_rel < 1:
             raise ValueError("SandboxConfig.timing_slack_ms must be >= 0 and timing_slack_rel in [0, 1)")
+        if not 0 <= self.timing_slack_harness_rel <= 1:
+            raise ValueError("SandboxConfig.timing_slack_harness_rel must be in [0, 1], got "
+                             f"{self.timing_slack_harness_rel}")
 
     @property
     def workspaces_dir(self) -> Path:

@@ -1572,7 +1572,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     def charged_candidate() -> tuple[list[float], float, float]:
         loops = [e - sh for e, sh in zip(ests, shortfalls)]
         return charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms, cfg.timing_slack_rel,
-                                charged)
+                                charged, cfg.timing_slack_harness_rel * (fixed + calls * ovh))
 
     def settled() -> bool:
         """The milestone on the repetitions so far, at early_stop_level, cannot change (stats.milestone_settled)."""

@@ -401,13 +401,15 @@ def agrees_with_estimate(in_process_ms: float, wall_ms: float, estimate_ms: floa
 
 def charge_shortfall(samples_ms: list[float], estimates_ms: list[float], in_process_ms: list[float], calls: int,
                       slack_ms: float, slack_rel: float,
-                      charged: Sequence[bool] | None = None) -> tuple[list[float], float, float]:
+                      charged: Sequence[bool] | None = None,
+                      harness_ms: float = 0.0) -> tuple[list[float], float, float]:
     """The shortfall rule (module doc). samples_ms: the candidate's per-call times, one per repetition;
     estimates_ms / in_process_ms: trusted_estimate and the in-process wall clock of each repetition (ms for `calls`
     calls). Returns (per-call times to use, median shortfall in ms, the slack in ms).
 
     Each repetition is charged what its own shortfall exceeds the slack (slack_ms + slack_rel * the median
-    estimate) by: sample + max(0, estimate - in_process - slack) / calls. charged: per repetition, whether its
+    estimate + harness_ms, the harness-proportional part: SandboxConfig.timing_slack_harness_rel x the calibrated
+    harness cost of a repetition) by: sample + max(0, estimate - in_process - slack) / calls. charged: per repetition, whether its
     sample already carries its whole shortfall (a disagreement, reference_worker's profile); such a repetition is
     not charged twice. The median shortfall is returned for the log.
 
@@ -429,7 +431,7 @@ def charge_shortfall(samples_ms: list[float], estimates_ms: list[float], in_proc
     short = sorted(e - f for e, f in zip(estimates_ms, in_process_ms))
     med = short[len(short) // 2] if short else 0.0
     ests = sorted(estimates_ms)
-    limit = slack_ms + slack_rel * (ests[len(ests) // 2] if ests else 0.0)
+    limit = slack_ms + slack_rel * (ests[len(ests) // 2] if ests else 0.0) + max(harness_ms, 0.0)
     n = max(calls, 1)
     done = list(charged) if charged is not None else [False] * len(samples_ms)
     return [ms if c else ms + max(0.0, e - f - limit) / n

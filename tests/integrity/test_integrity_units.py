@@ -245,3 +245,24 @@ def test_thread_check_leaves_no_reference_cycle_holding_its_callers_locals(tmp_p
     finally:
         if on:
             gc.enable()
+
+
+def test_harness_part_of_the_slack_widens_the_limit_by_exactly_its_amount():
+    """charge_shortfall's harness_ms (SandboxConfig.timing_slack_harness_rel x the calibrated harness cost): the
+    limit grows by it; an honest repetition that fell short by less than the wider limit is no longer charged; a
+    liar hiding 1 ms still pays all of it but the (wider) slack. Config: bad values named."""
+    from sandbox.config import SandboxConfig
+
+    calls, est = 3, [1.8] * 7
+    loops = [1.4] * 7  # an honest 0.4 ms short in every repetition (the H200's harness gap, session 12)
+    gated = [0.075] * 7
+    narrow, _, lim0 = charge_shortfall(gated, est, loops, calls, 0.25, 0.03)
+    wide, _, lim1 = charge_shortfall(gated, est, loops, calls, 0.25, 0.03, harness_ms=0.25 * 1.8)
+    assert lim1 == pytest.approx(lim0 + 0.45)
+    assert all(x > 0.075 for x in narrow) and wide == gated
+    hidden = [e - 1.4 for e in est]  # 1 ms hidden on top of the honest gap
+    s, _, _ = charge_shortfall(gated, est, hidden, calls, 0.25, 0.03, harness_ms=0.45)
+    assert all(x * calls == pytest.approx(0.075 * calls + 1.4 - lim1) for x in s)
+    assert charge_shortfall(gated, est, loops, calls, 0.25, 0.03, harness_ms=-1.0)[2] == pytest.approx(lim0)
+    with pytest.raises(ValueError, match="timing_slack_harness_rel must be in"):
+        SandboxConfig(timing_slack_harness_rel=1.5)
