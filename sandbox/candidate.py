@@ -212,6 +212,11 @@ class Worker:
                                    "gate", "host_allowance_ms", "gate_latency_ms", "ungated"]
                       + (["_stream", "_set_stream"] if timing_gate is not None else [])),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
+            # the persisting-L2 reset's driver calls and the buffer its limit query reads (a swapped _value reading
+            # 0 would skip the limit's reset)
+            **({"PersistingL2": (self.timer._l2, [a for a in ("available", "_reset", "_limit", "_get", "_ref",
+                                                                "_value") if hasattr(self.timer._l2, a)])}
+               if getattr(self.timer, "_l2", None) is not None else {}),
             **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_launch", "_a_flag",
                                        "_a_want", "_a_timeout", "_a_expired", "_a_release", "_rand", "device", "blocks",
                                        "threads"])} if timing_gate is not None else {}),

@@ -92,7 +92,7 @@ class PersistingL2:
 
     def reset(self, parts: dict[str, float] | None = None) -> None:
         """Set-aside limit 0 (when it is not already), then the persisting lines reset; parts (optional): the two
-        steps' ms added under l2_limit and l2_reset (Timer.between_ms, a diagnostic)."""
+        steps' seconds added under l2_limit and l2_reset (Timer.run's between-calls parts, a diagnostic)."""
         if self.available:
             t0 = _PERF()
             # a failed query (non-zero CUresult) or a limit above 0: set to 0, as before the query existed
@@ -102,8 +102,8 @@ class PersistingL2:
             self._reset()
             if parts is not None:
                 t2 = _PERF()
-                parts["l2_limit"] = parts.get("l2_limit", 0.0) + (t1 - t0) * 1e3
-                parts["l2_reset"] = parts.get("l2_reset", 0.0) + (t2 - t1) * 1e3
+                parts["l2_limit"] = parts.get("l2_limit", 0.0) + (t1 - t0)
+                parts["l2_reset"] = parts.get("l2_reset", 0.0) + (t2 - t1)
 
 
 class Timer:
@@ -124,11 +124,6 @@ class Timer:
         self._expiries: dict[str, int] = {}
         self.gate_latency_ms = 0.0
         self._perf = _PERF
-        # where a run's time outside its timed regions went (ms, summed over the run's calls; diagnostic only: the
-        # trusted side never believes a candidate process's clock): l2_limit and l2_reset (PersistingL2.reset), flush
-        # (the L2 flush enqueued and the device synchronised), setup (events made, gate closed), after (the caller's
-        # `after`)
-        self.between_ms: dict[str, float] = {}
         self._refs: dict[str, Any] = {"time.perf_counter": time.perf_counter, "timing.Timer.run": Timer.run,
                                       "timing.Timer.tampered": Timer.tampered}
         if cuda:
@@ -216,7 +211,8 @@ class Timer:
 
         Returns {ms_per_call, loop_ms (in-process wall clock over the timed regions), event_ms (CUDA: sum of the
         per-call figures; CPU: same as loop_ms), calls, gated (calls timed behind the gate), gate_expired, gate_side,
-        host_ms (gated: the median of the host's time inside fn per call; else 0)}.
+        host_ms (gated: the median of the host's time inside fn per call; else 0), between_ms (CUDA: where the time
+        outside the timed regions went, ms summed over the calls; a diagnostic, see below)}.
         Exceptions from fn propagate.
         """
         perf = self._perf
@@ -231,17 +227,21 @@ class Timer:
                     after(out)
             return _result(loop * 1e3, loop * 1e3, calls)
         sync, rec, ela = self._sync, self._record, self._elapsed
-        self.between_ms = {}
         if self.gate is not None and label not in self.ungated and self._on_gate_device():
             return self._run_gated(fn, args_per_call, after, label)
         pairs = []
+        # where the run's time outside its timed regions went (ms, summed over its calls; a diagnostic, in the
+        # record's between_ms): l2_limit and l2_reset (PersistingL2.reset), flush (the L2 flush enqueued and the
+        # device synchronised), setup (events made; gated: the gate closed), after (the caller's `after`). A local
+        # plain dict, never an attribute: nothing the solution could swap runs between t0 and the start event
+        b: dict[str, float] = {"setup": 0.0, "after": 0.0}
         for a in args_per_call:
-            self._before_call()
+            self._before_call(b)
             ts = perf()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
+            b["setup"] += perf() - ts
             t0 = perf()
-            self.between_ms["setup"] = self.between_ms.get("setup", 0.0) + (t0 - ts) * 1e3
             rec(s)
             out = fn(a)
             sync()
@@ -249,25 +249,22 @@ class Timer:
             loop += perf() - t0
             pairs.append((s, e))
             if after is not None:
-                self._after(after, out)
+                ta = perf()
+                after(out)
+                b["after"] += perf() - ta
         sync()
-        return _result(sum(ela(s, e) for s, e in pairs), loop * 1e3, calls, between_ms=self.between_ms)
+        return _result(sum(ela(s, e) for s, e in pairs), loop * 1e3, calls, between_ms=_ms_parts(b))
 
-    def _before_call(self) -> None:
-        """CUDA, before each timed call: persisting L2 lines reset, L2 flushed, the device synchronised."""
-        perf, b = self._perf, self.between_ms
-        self._l2.reset(b)
-        t1 = perf()
+    def _before_call(self, parts: dict[str, float] | None = None) -> None:
+        """CUDA, before each timed call: persisting L2 lines reset, L2 flushed, the device synchronised. parts: the
+        run's local record of where its time went (seconds under l2_limit, l2_reset and flush; run's between_ms)."""
+        self._l2.reset(parts)
+        t1 = self._perf()
         if self.flush is not None:
             self.flush.zero_()
         self._sync()
-        b["flush"] = b.get("flush", 0.0) + (perf() - t1) * 1e3
-
-    def _after(self, after: Callable[[Any], None], out: Any) -> None:
-        """The caller's untimed `after(out)`, its time added to between_ms["after"]."""
-        t0 = self._perf()
-        after(out)
-        self.between_ms["after"] = self.between_ms.get("after", 0.0) + (self._perf() - t0) * 1e3
+        if parts is not None:
+            parts["flush"] = parts.get("flush", 0.0) + (self._perf() - t1)
 
     def side_work(self) -> None:
         """Called by the harness from inside a gated call (fn) that put work on a stream other than the held one
@@ -292,17 +289,16 @@ class Timer:
         total = 0.0
         gated = expired = side = 0
         hosts: list[float] = []
-        between = self.between_ms
+        b: dict[str, float] = {"setup": 0.0, "after": 0.0}  # as in run: a local plain dict
+        rest_parts: dict[str, float] = {}
         for k, a in enumerate(args_per_call):
             if label in self.ungated:  # the gate expired earlier in this run: the rest ungated
                 rest = self.run(fn, args_per_call[k:], after, label)
                 loop += rest["loop_ms"] / 1e3
                 total += rest["event_ms"]
-                for key, v in between.items():  # run() started a dict of its own: this run's parts added back
-                    self.between_ms[key] = self.between_ms.get(key, 0.0) + v
-                between = self.between_ms
+                rest_parts = rest["between_ms"]
                 break
-            self._before_call()
+            self._before_call(b)
             ts = perf()
             s = self._event(enable_timing=True)
             e = self._event(enable_timing=True)
@@ -310,8 +306,8 @@ class Timer:
             handle = held.cuda_stream
             gate.close(handle)
             rec(s, held)
+            b["setup"] += perf() - ts
             t0 = perf()
-            between["setup"] = between.get("setup", 0.0) + (t0 - ts) * 1e3
             moved = self._side = False
             try:
                 out = fn(a)
@@ -340,10 +336,20 @@ class Timer:
                 gated += 1
                 total += gated_figure(ela(s, e), (t2 - t1) * 1e3, (t1 - t0) * 1e3, lat, allow)
             if after is not None:
-                self._after(after, out)
+                ta = perf()
+                after(out)
+                b["after"] += perf() - ta
         hosts.sort()
+        parts = _ms_parts(b)
+        for key, v in rest_parts.items():  # the ungated rest's parts (already ms)
+            parts[key] = parts.get(key, 0.0) + v
         return _result(total, loop * 1e3, len(args_per_call), gated, expired, side,
-                       hosts[len(hosts) // 2] if hosts else 0.0, dict(between))
+                       hosts[len(hosts) // 2] if hosts else 0.0, parts)
+
+
+def _ms_parts(parts: dict[str, float]) -> dict[str, float]:
+    """A run's between-calls parts, kept in seconds while it runs, in ms."""
+    return {k: v * 1e3 for k, v in parts.items()}
 
 
 def _result(event_ms: float, loop_ms: float, calls: int, gated: int = 0, expired: int = 0, side: int = 0,

@@ -69,11 +69,16 @@ def test_persisting_l2_reset_is_available_on_the_gpu():
 
     assert lib.cuCtxSetLimit(PersistingL2.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 4 << 20) == 0
     assert limit() > 0
+    # the reset's own query works on this driver (a failing one would set the limit every time, unseen)
+    assert p._get(p._ref, PersistingL2.CU_LIMIT_PERSISTING_L2_CACHE_SIZE) == 0 and p._value.value == limit()
+    sets: list = []
+    real_set = p._limit
+    p._limit = lambda which, v: sets.append(v) or real_set(which, v)
     parts: dict = {}
     p.reset(parts)
-    assert limit() == 0 and set(parts) == {"l2_limit", "l2_reset"}
-    p.reset(parts)  # already 0: stays 0
-    assert limit() == 0
+    assert limit() == 0 and sets == [0] and set(parts) == {"l2_limit", "l2_reset"}
+    p.reset(parts)  # already 0: stays 0, not set again
+    assert limit() == 0 and sets == [0]
     torch.cuda.synchronize()
 
 

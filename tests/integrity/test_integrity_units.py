@@ -266,3 +266,36 @@ def test_harness_part_of_the_slack_widens_the_limit_by_exactly_its_amount():
     assert charge_shortfall(gated, est, loops, calls, 0.25, 0.03, harness_ms=-1.0)[2] == pytest.approx(lim0)
     with pytest.raises(ValueError, match="timing_slack_harness_rel must be in"):
         SandboxConfig(timing_slack_harness_rel=1.5)
+
+
+def test_persisting_l2_reset_sets_the_limit_only_when_it_is_not_zero():
+    """sandbox.timing.PersistingL2.reset with the driver calls replaced by recorders (no GPU here): the persisting
+    lines are reset every time; the set-aside limit is set to 0 when the query reads a limit above 0 or fails,
+    and left alone when it reads 0. The parts record gets both steps."""
+    from sandbox.timing import PersistingL2
+
+    p = PersistingL2()
+    calls: list = []
+    state = {"limit": 0, "rc": 0}
+
+    def get(ref, which):
+        calls.append(("get", which))
+        p._value.value = state["limit"]
+        return state["rc"]
+
+    p._get, p._ref = get, None
+    p._limit = lambda which, v: calls.append(("set", which, v))
+    p._reset = lambda: calls.append(("reset",))
+    p.available = True
+    lim = PersistingL2.CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+    parts: dict = {}
+    p.reset(parts)
+    assert calls == [("get", lim), ("reset",)] and set(parts) == {"l2_limit", "l2_reset"}
+    calls.clear()
+    state["limit"] = 4 << 20  # a set-aside the solution left
+    p.reset()
+    assert calls == [("get", lim), ("set", lim, 0), ("reset",)]
+    calls.clear()
+    state.update(limit=0, rc=1)  # the query failed: set, as before the query existed
+    p.reset()
+    assert calls == [("get", lim), ("set", lim, 0), ("reset",)]

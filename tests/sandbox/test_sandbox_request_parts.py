@@ -38,3 +38,22 @@ def test_request_parts_splits_the_pipe_by_direction_on_the_shared_monotonic_cloc
     assert math.isclose(p["pipe_request"], 0.4, abs_tol=1e-6) and math.isclose(p["pipe_reply"], 0.6, abs_tol=1e-6)
     assert math.isclose(p["pipe_request"] + p["pipe_reply"], p["pipe"], abs_tol=1e-6)
     assert "pipe_request" not in request_parts(reply, 6.0, 0.0, 3)  # no start given: no split
+
+
+def test_a_real_profile_logs_the_parts_of_its_time_requests(tmp_path):
+    """An evaluation on the CPU backend: the candidate harness's replies carry the parts (integrity checks, the
+    pipe's two ways, the copies), and the profile log names them for the calibration and the time requests."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution, load_task
+    from sandbox_testlib import CORPUS, cpu_config
+
+    task = CORPUS / "elementwise_chain"
+    with Evaluator(cpu_config(tmp_path, use_compile=False, reps=3, early_stop_reps=0)) as ev:
+        r = ev.evaluate(load_task(task), load_solution(task / "cpu" / "fast"), "cpu")
+    assert r.status == "ok", (r.status, r.message)
+    lines = [x for x in r.log if "the harness's own report" in x]
+    assert any(x.startswith("profile: calibration (") for x in lines), r.log
+    timed = [x for x in lines if x.startswith("profile: candidate time requests")]
+    assert timed, r.log
+    for key in ("pipe_request", "pipe_reply", "integrity", "drop_rep", "copies_per_call"):
+        assert f" {key} " in timed[0], (key, timed[0])
