@@ -163,7 +163,8 @@ class SandboxConfig:
     """Profile: how far (ms, plus timing_slack_rel of the median repetition's estimate) a repetition's in-process
     figure may fall short of the trusted wall-clock estimate (sandbox.timing.trusted_estimate) before the
     repetition is charged its shortfall beyond this slack (sandbox.timing.charge_shortfall): the most a candidate
-    can gain by under-reporting, per repetition."""
+    can gain by under-reporting, per repetition, is this + timing_slack_rel x the estimate + timing_slack_harness_rel
+    x the calibrated harness cost of a repetition."""
     timing_slack_rel: float = 0.03
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     timing_slack_harness_rel: float = 0.0
@@ -171,7 +172,9 @@ class SandboxConfig:
     fraction of fixed + calls x per-call cost, sandbox.reference_worker._calibrate). On the H200 the harness's work
     between an honest solution's calls ran 15-25% slower than between the calibration's no-op calls (session 12,
     benchmarks/RESULTS.md), which the rule charged to the solution. It is also what a solution could then hide per
-    repetition beyond timing_slack_ms. 0 = off (the default until measured on a GPU)."""
+    repetition beyond timing_slack_ms + timing_slack_rel x the estimate: at 0.25, with the H200's 0.64 ms + 16 x
+    0.2 ms of harness cost for a 16-call repetition, about 0.96 ms more. 0 = off (the default until measured on a
+    GPU)."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
     timing_gate: bool = True

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import ctypes
 import itertools
 import operator
 import os
@@ -1197,6 +1198,13 @@ DEPENDENCIES = ("builtins", "os", "posix", "sys", "time", "select", "struct", "m
 _IMMUTABLE = (str, bytes, int, float, bool, complex, frozenset, tuple, type(None))
 
 
+def _same_signature(a: tuple, b: tuple) -> bool:
+    """Two IdentitySnapshot._signature tuples alike by identity, item by item (no __eq__ of theirs is called)."""
+    if a[0] is not b[0] or a[1] is not b[1] or a[3] is not b[3] or (a[2] is None) is not (b[2] is None):
+        return False
+    return a[2] is None or (len(a[2]) == len(b[2]) and all(map(operator.is_, a[2], b[2])))
+
+
 class IdentitySnapshot:
     """Identities (and code objects) of module attributes, class attributes and objects' own attributes (see
     module doc); `replaced()` names what changed since. Built from `add_*` calls, checked with C-level map()."""
@@ -1210,6 +1218,17 @@ class IdentitySnapshot:
         self._fn_objs: list[Any] = []
         self._fn_codes: list[Any] = []
         self._getters: list[Any] = []
+        # foreign functions (ctypes): their errcheck, restype and argtypes can be changed in place, the object kept
+        self._cf_keys: list[str] = []
+        self._cf_objs: list[Any] = []
+        self._cf_sigs: list[tuple] = []
+
+    @staticmethod
+    def _signature(f: Any) -> tuple:
+        """(errcheck, restype, argtypes' items, argtypes) of a ctypes foreign function, compared item by item by
+        identity (the argtypes sequence as set is kept as given, and a list can be changed in place)."""
+        args = f.argtypes
+        return (f.errcheck, f.restype, None if args is None else tuple(args), args)
 
     def _add(self, key: str, owner: Any, name: str, v: Any, getter: Any) -> None:
         self._keys.append(key)
@@ -1217,6 +1236,10 @@ class IdentitySnapshot:
         self._names.append(name)
         self._vals.append(v)
         self._getters.append(getter)
+        if isinstance(v, ctypes._CFuncPtr):
+            self._cf_keys.append(key)
+            self._cf_objs.append(v)
+            self._cf_sigs.append(self._signature(v))
         for f in (v, getattr(v, "__func__", None), getattr(v, "fget", None), getattr(v, "fset", None)):
             code = getattr(f, "__code__", None) if f is not None else None
             if isinstance(code, types.CodeType):
@@ -1267,10 +1290,14 @@ class IdentitySnapshot:
     def replaced(self) -> list[str]:
         cur = list(map(_get, self._getters, self._owners, self._names))
         codes = list(map(getattr, self._fn_objs, itertools.repeat("__code__"), itertools.repeat(None)))
-        if not (any(map(operator.is_not, cur, self._vals)) or any(map(operator.is_not, codes, self._fn_codes))):
+        sigs = [k for k, f, sig in zip(self._cf_keys, self._cf_objs, self._cf_sigs)
+                if not _same_signature(self._signature(f), sig)]
+        if not (any(map(operator.is_not, cur, self._vals)) or any(map(operator.is_not, codes, self._fn_codes))
+                or sigs):
             return []
         out = [k for k, c, v in zip(self._keys, cur, self._vals) if c is not v]
         out += [k for k, c, code in zip(self._fn_keys, codes, self._fn_codes) if c is not code and k not in out]
+        out += [f"{k} (its errcheck, restype or argtypes)" for k in sigs if k not in out]
         return out
 
 

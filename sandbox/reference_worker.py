@@ -1432,7 +1432,7 @@ def request_parts(reply: dict, wall_ms: float, rtt_ms: float, calls: int, sent_s
     checks (the handler less the timed run and the unpacking: the checks around the request), between_per_call
     (the run less its timed regions, per call: the harness's work between calls), loop_per_call; and, where the
     reply has them, integrity, drop_rep and the between-calls parts per call (l2_limit, l2_reset, flush, setup,
-    after, copies). sent_s: this process's time.perf_counter() when it began the request (the wall clock's start); with
+    after, and copies, which is a part of after). sent_s: this process's time.perf_counter() when it began the request (the wall clock's start); with
     the reply's t_recv and t_send (the candidate's clock, the same CLOCK_MONOTONIC) the pipe is split into
     pipe_request (sent to received) and pipe_reply (reply sent to the wall clock's end)."""
     def num(key: str) -> float:

@@ -14,7 +14,8 @@ What is trusted, and why:
   `trusted_estimate` is the trusted side's own figure for a repetition; when the in-process figures fall short of
   it by more than SandboxConfig.timing_slack_ms + timing_slack_rel, a repetition is charged its shortfall beyond
   that slack (`charge_shortfall`, every repetition on its own): a candidate that under-reports gains at most the
-  slack, in every repetition.
+  slack, in every repetition (with SandboxConfig.timing_slack_harness_rel above 0 the slack includes that fraction
+  of the calibrated harness cost of a repetition).
 - In the candidate's process, device events have to be recorded in its own CUDA context, so a `Timer` is built
   there before the solution is imported: it captures the clock, the synchronisation and event functions it will
   use (the objects themselves, so a later monkeypatch of `torch.cuda.synchronize` or `time.perf_counter` does not
@@ -90,20 +91,23 @@ class PersistingL2:
         except (OSError, AttributeError):
             pass
 
-    def reset(self, parts: dict[str, float] | None = None) -> None:
-        """Set-aside limit 0 (when it is not already), then the persisting lines reset; parts (optional): the two
-        steps' seconds added under l2_limit and l2_reset (Timer.run's between-calls parts, a diagnostic)."""
-        if self.available:
-            t0 = _PERF()
-            # a failed query (non-zero CUresult) or a limit above 0: set to 0, as before the query existed
-            if self._get(self._ref, self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE) != 0 or self._value.value != 0:
-                self._limit(self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
-            t1 = _PERF()
-            self._reset()
-            if parts is not None:
-                t2 = _PERF()
-                parts["l2_limit"] = parts.get("l2_limit", 0.0) + (t1 - t0)
-                parts["l2_reset"] = parts.get("l2_reset", 0.0) + (t2 - t1)
+    def reset(self, parts: dict[str, float] | None = None, perf: Callable[[], float] | None = None) -> None:
+        """Set-aside limit 0 (when it is not already), then the persisting lines reset. parts and perf (both or
+        neither; the caller's own clock, bound before any solution code): the two steps' seconds added under
+        l2_limit and l2_reset (Timer.run's between-calls parts, a diagnostic)."""
+        if not self.available:
+            return
+        timed = parts is not None and perf is not None
+        t0 = perf() if timed else 0.0
+        # a failed query (non-zero CUresult) or a limit above 0: set to 0, as before the query existed
+        if self._get(self._ref, self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE) != 0 or self._value.value != 0:
+            self._limit(self.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+        t1 = perf() if timed else 0.0
+        self._reset()
+        if timed:
+            t2 = perf()
+            parts["l2_limit"] = parts.get("l2_limit", 0.0) + (t1 - t0)
+            parts["l2_reset"] = parts.get("l2_reset", 0.0) + (t2 - t1)
 
 
 class Timer:
@@ -258,7 +262,7 @@ class Timer:
     def _before_call(self, parts: dict[str, float] | None = None) -> None:
         """CUDA, before each timed call: persisting L2 lines reset, L2 flushed, the device synchronised. parts: the
         run's local record of where its time went (seconds under l2_limit, l2_reset and flush; run's between_ms)."""
-        self._l2.reset(parts)
+        self._l2.reset(parts, self._perf)
         t1 = self._perf()
         if self.flush is not None:
             self.flush.zero_()

@@ -74,10 +74,12 @@ def test_persisting_l2_reset_is_available_on_the_gpu():
     sets: list = []
     real_set = p._limit
     p._limit = lambda which, v: sets.append(v) or real_set(which, v)
+    import time
+
     parts: dict = {}
-    p.reset(parts)
+    p.reset(parts, time.perf_counter)
     assert limit() == 0 and sets == [0] and set(parts) == {"l2_limit", "l2_reset"}
-    p.reset(parts)  # already 0: stays 0, not set again
+    p.reset(parts, time.perf_counter)  # already 0: stays 0, not set again
     assert limit() == 0 and sets == [0]
     torch.cuda.synchronize()
 

@@ -289,8 +289,10 @@ def test_persisting_l2_reset_sets_the_limit_only_when_it_is_not_zero():
     p.available = True
     lim = PersistingL2.CU_LIMIT_PERSISTING_L2_CACHE_SIZE
     parts: dict = {}
-    p.reset(parts)
+    p.reset(parts, time.perf_counter)
     assert calls == [("get", lim), ("reset",)] and set(parts) == {"l2_limit", "l2_reset"}
+    p.reset(parts)  # no clock given: nothing timed
+    assert calls[2:] == [("get", lim), ("reset",)]
     calls.clear()
     state["limit"] = 4 << 20  # a set-aside the solution left
     p.reset()
@@ -299,3 +301,33 @@ def test_persisting_l2_reset_sets_the_limit_only_when_it_is_not_zero():
     state.update(limit=0, rc=1)  # the query failed: set, as before the query existed
     p.reset()
     assert calls == [("get", lim), ("set", lim, 0), ("reset",)]
+
+
+def test_identity_snapshot_sees_a_foreign_function_changed_in_place():
+    """A ctypes function the harness keeps (PersistingL2's driver calls, the gate's launch) can be changed without
+    being replaced: its errcheck (solution code run on every call), restype or argtypes, the argtypes list even in
+    place. The snapshot names each; untouched, it names nothing."""
+    import ctypes
+
+    from sandbox.integrity import IdentitySnapshot
+
+    class Holder:
+        pass
+
+    for change in ("errcheck", "restype", "argtypes", "argtypes_in_place"):
+        lib = ctypes.CDLL(None)
+        h = Holder()
+        h.fn = lib.getpid  # a fresh function object per CDLL
+        h.fn.argtypes = []
+        snap = IdentitySnapshot()
+        snap.add_attrs(h, ["fn"], "H")
+        assert snap.replaced() == []
+        if change == "errcheck":
+            h.fn.errcheck = lambda result, func, args: 0
+        elif change == "restype":
+            h.fn.restype = ctypes.c_long
+        elif change == "argtypes":
+            h.fn.argtypes = [ctypes.c_int]
+        else:
+            h.fn.argtypes.append(ctypes.c_int)
+        assert snap.replaced() == ["H.fn (its errcheck, restype or argtypes)"], change
