@@ -170,7 +170,7 @@ class SandboxConfig:
     timing_slack_harness_rel: float = 0.0
     """Profile: a part of the timing slack proportional to the harness's calibrated cost of one repetition (this
     fraction of fixed + calls x per-call cost, sandbox.reference_worker._calibrate). On the H200 the harness's work
-    between an honest solution's calls ran 15-25% slower than between the calibration's no-op calls (session 12,
+    between an honest solution's calls ran 7-31% slower than between the calibration's no-op calls (session 12,
     benchmarks/RESULTS.md), which the rule charged to the solution. It is also what a solution could then hide per
     repetition beyond timing_slack_ms + timing_slack_rel x the estimate: at 0.25, with the H200's 0.64 ms + 16 x
     0.2 ms of harness cost for a 16-call repetition, about 0.96 ms more. 0 = off (the default until measured on a

@@ -234,8 +234,8 @@ class Timer:
         if self.gate is not None and label not in self.ungated and self._on_gate_device():
             return self._run_gated(fn, args_per_call, after, label)
         pairs = []
-        # where the run's time outside its timed regions went (ms, summed over its calls; a diagnostic, in the
-        # record's between_ms): l2_limit and l2_reset (PersistingL2.reset), flush (the L2 flush enqueued and the
+        # where the run's time outside its timed regions went (seconds summed over its calls here, ms in the
+        # record's between_ms; a diagnostic): l2_limit and l2_reset (PersistingL2.reset), flush (the L2 flush enqueued and the
         # device synchronised), setup (events made; gated: the gate closed), after (the caller's `after`). A local
         # plain dict, never an attribute: nothing the solution could swap runs between t0 and the start event
         b: dict[str, float] = {"setup": 0.0, "after": 0.0}
@@ -259,7 +259,7 @@ class Timer:
         sync()
         return _result(sum(ela(s, e) for s, e in pairs), loop * 1e3, calls, between_ms=_ms_parts(b))
 
-    def _before_call(self, parts: dict[str, float] | None = None) -> None:
+    def _before_call(self, parts: dict[str, float]) -> None:
         """CUDA, before each timed call: persisting L2 lines reset, L2 flushed, the device synchronised. parts: the
         run's local record of where its time went (seconds under l2_limit, l2_reset and flush; run's between_ms)."""
         self._l2.reset(parts, self._perf)
@@ -267,8 +267,7 @@ class Timer:
         if self.flush is not None:
             self.flush.zero_()
         self._sync()
-        if parts is not None:
-            parts["flush"] = parts.get("flush", 0.0) + (self._perf() - t1)
+        parts["flush"] = parts.get("flush", 0.0) + (self._perf() - t1)
 
     def side_work(self) -> None:
         """Called by the harness from inside a gated call (fn) that put work on a stream other than the held one
@@ -419,8 +418,8 @@ def charge_shortfall(samples_ms: list[float], estimates_ms: list[float], in_proc
 
     Each repetition is charged what its own shortfall exceeds the slack (slack_ms + slack_rel * the median
     estimate + harness_ms, the harness-proportional part: SandboxConfig.timing_slack_harness_rel x the calibrated
-    harness cost of a repetition) by: sample + max(0, estimate - in_process - slack) / calls. charged: per repetition, whether its
-    sample already carries its whole shortfall (a disagreement, reference_worker's profile); such a repetition is
+    harness cost of a repetition) by: sample + max(0, estimate - in_process - slack) / calls. charged: per
+    repetition, whether its sample already carries its whole shortfall (a disagreement, reference_worker's profile); such a repetition is
     not charged twice. The median shortfall is returned for the log.
 
     Every repetition, not only when the median one falls short: a rule gated on the median repetition let a liar
