@@ -232,10 +232,10 @@ def main() -> None:
     ap.add_argument("--noise-batch", type=int, default=1024)
     ap.add_argument("--noise-n", type=int, default=10, help="profiles per setting in the noise section")
     ap.add_argument("--noise-compare", default="gate_off",
-                    choices=("gate_off", "calibration_16", "harness_slack", "none"),
+                    choices=("gate_off", "calibration_16", "no_harness_slack", "none"),
                     help="the noise section's second setting beside the defaults: the timing gate off (CUDA only), "
-                    "the harness calibrated at up to 16 calls per request, a timing slack of a quarter of the "
-                    "calibrated harness cost (timing_slack_harness_rel 0.25), or none")
+                    "the harness calibrated at up to 16 calls per request, no timing slack proportional to the "
+                    "calibrated harness cost (timing_slack_harness_rel 0, the default is 0.25), or none")
     ap.add_argument("--sections", default="build,e2e,noise", help="comma-separated: build (cubin + extension "
                     "builds and the CUDA-Agent-style flow), e2e, noise")
     a = ap.parse_args()
@@ -297,9 +297,9 @@ def main() -> None:
                 elif a.noise_compare == "calibration_16":  # the harness calibrated at up to 16 calls, not 4
                     evs["calibration_16"] = stack.enter_context(
                         Evaluator(dataclasses.replace(cfg, calibration_calls_max=16)))
-                elif a.noise_compare == "harness_slack":  # a slack of a quarter of the calibrated harness cost
-                    evs["harness_slack"] = stack.enter_context(
-                        Evaluator(dataclasses.replace(cfg, timing_slack_harness_rel=0.25)))
+                elif a.noise_compare == "no_harness_slack":  # no slack part proportional to the harness cost
+                    evs["no_harness_slack"] = stack.enter_context(
+                        Evaluator(dataclasses.replace(cfg, timing_slack_harness_rel=0.0)))
                 res["noise"] = bench_noise(evs, fmt, a.noise_n, a.noise_batch if res["backend"] == "cuda" else 64)
             except Exception as e:  # noqa: BLE001
                 res["noise"] = {"error": f"{type(e).__name__}: {e}"}
@@ -320,7 +320,7 @@ def main() -> None:
               f"{ca['speedup_of_ours']:.1f}x faster; evals/GPU-hour {ca['ours_evals_per_gpu_hour']:.0f} vs "
               f"{ca['cuda_agent_style_evals_per_gpu_hour']:.0f}")
     nz = res.get("noise", {})
-    for name in ("gate_on", "gate_off", "calibration_16"):
+    for name in ("gate_on", "gate_off", "calibration_16", "no_harness_slack"):
         z = nz.get(name) or {}
         if "cv_candidate_median" in z:
             cc = z["cv_compile_median"]

@@ -167,14 +167,15 @@ class SandboxConfig:
     x the calibrated harness cost of a repetition."""
     timing_slack_rel: float = 0.03
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
-    timing_slack_harness_rel: float = 0.0
+    timing_slack_harness_rel: float = 0.25
     """Profile: a part of the timing slack proportional to the harness's calibrated cost of one repetition (this
     fraction of fixed + calls x per-call cost, sandbox.reference_worker._calibrate). On the H200 the harness's work
     between an honest solution's calls ran 7-31% slower than between the calibration's no-op calls (session 12,
-    benchmarks/RESULTS.md), which the rule charged to the solution. It is also what a solution could then hide per
-    repetition beyond timing_slack_ms + timing_slack_rel x the estimate: at 0.25, with the H200's 0.64 ms + 16 x
-    0.2 ms of harness cost for a 16-call repetition, about 0.96 ms more. 0 = off (the default until measured on a
-    GPU)."""
+    benchmarks/RESULTS.md), which the rule charged to the solution: with this part at 0 the median of an honest
+    0.076 ms solution varied by a CV of 26.6-29.4% over 8-10 profiles; at 0.25, by 0.18% (session 13, the same
+    run). It is also what a solution could then hide per repetition beyond timing_slack_ms + timing_slack_rel x
+    the estimate: at 0.25, with the H200's 0.8-1.0 ms + calls x 0.33-0.40 ms of harness cost, 0.45 ms more for a
+    3-call repetition (0.15 ms a call) and 1.6 ms for a 16-call one (0.1 ms a call). 0 = off."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
     timing_gate: bool = True

@@ -14,7 +14,7 @@
 #   LEARNER_VARIANTS   learner_bench.py --variants (default mb1:remat,mb2:remat,mb1:noremat); LEARNER_SECTIONS
 #                      its --sections (default update,publish)
 #   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off |
-#                      calibration_16 | harness_slack | none) and its time estimate (220 s)
+#                      calibration_16 | no_harness_slack | none) and its time estimate (220 s)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: gate on and off), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
