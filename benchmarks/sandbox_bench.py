@@ -291,7 +291,7 @@ def main() -> None:
             save()
         if "noise" in sections:
             try:
-                evs = {"gate_on": ev}
+                evs = {"default": ev}
                 if ev.backend == "cuda" and a.noise_compare == "gate_off":  # the same settings without the gate
                     evs["gate_off"] = stack.enter_context(Evaluator(dataclasses.replace(cfg, timing_gate=False)))
                 elif a.noise_compare == "calibration_16":  # the harness calibrated at up to 16 calls, not 4
@@ -320,7 +320,7 @@ def main() -> None:
               f"{ca['speedup_of_ours']:.1f}x faster; evals/GPU-hour {ca['ours_evals_per_gpu_hour']:.0f} vs "
               f"{ca['cuda_agent_style_evals_per_gpu_hour']:.0f}")
     nz = res.get("noise", {})
-    for name in ("gate_on", "gate_off", "calibration_16", "no_harness_slack"):
+    for name in ("default", "gate_off", "calibration_16", "no_harness_slack"):
         z = nz.get(name) or {}
         if "cv_candidate_median" in z:
             cc = z["cv_compile_median"]

@@ -164,7 +164,8 @@ class SandboxConfig:
     figure may fall short of the trusted wall-clock estimate (sandbox.timing.trusted_estimate) before the
     repetition is charged its shortfall beyond this slack (sandbox.timing.charge_shortfall): the most a candidate
     can gain by under-reporting, per repetition, is this + timing_slack_rel x the estimate + timing_slack_harness_rel
-    x the calibrated harness cost of a repetition."""
+    x the calibrated harness cost of a repetition, plus whatever unpacking time the candidate reports beyond its
+    real cost, which trusted_estimate believes up to 3 x the trusted side's packing + 0.5 ms."""
     timing_slack_rel: float = 0.03
     """Profile: the relative part of the timing slack (fraction of the median repetition's trusted estimate)."""
     timing_slack_harness_rel: float = 0.25
@@ -172,10 +173,11 @@ class SandboxConfig:
     fraction of fixed + calls x per-call cost, sandbox.reference_worker._calibrate). On the H200 the harness's work
     between an honest solution's calls ran 7-31% slower than between the calibration's no-op calls (session 12,
     benchmarks/RESULTS.md), which the rule charged to the solution: with this part at 0 the median of an honest
-    0.076 ms solution varied by a CV of 26.6-29.4% over 8-10 profiles; at 0.25, by 0.18% (session 13, the same
-    run). It is also what a solution could then hide per repetition beyond timing_slack_ms + timing_slack_rel x
-    the estimate: at 0.25, with the H200's 0.8-1.0 ms + calls x 0.33-0.40 ms of harness cost, 0.45 ms more for a
-    3-call repetition (0.15 ms a call) and 1.6 ms for a 16-call one (0.1 ms a call). 0 = off."""
+    0.076 ms solution varied by a CV of 23.9-29.4% over 8 profiles; at 0.25, by 0.18-0.26% (session 13, two runs).
+    It is also what a solution could then hide per repetition beyond timing_slack_ms + timing_slack_rel x the
+    estimate: at 0.25, with the H200's calibrated 0.6-1.5 ms + calls x 0.15-0.40 ms of harness cost (32
+    calibrations), 0.38-0.62 ms more for a 3-call repetition (0.13-0.21 ms a call); extrapolated, 0.9-1.8 ms for a
+    16-call one (0.06-0.11 ms a call). 0 = off."""
     l2_flush_bytes: int = 256 * 1024 * 1024
     """CUDA: bytes written before each repetition to flush the L2 cache (0 = no flush)."""
     timing_gate: bool = True

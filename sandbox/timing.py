@@ -14,8 +14,9 @@ What is trusted, and why:
   `trusted_estimate` is the trusted side's own figure for a repetition; when the in-process figures fall short of
   it by more than SandboxConfig.timing_slack_ms + timing_slack_rel, a repetition is charged its shortfall beyond
   that slack (`charge_shortfall`, every repetition on its own): a candidate that under-reports gains at most the
-  slack, in every repetition (with SandboxConfig.timing_slack_harness_rel above 0 the slack includes that fraction
-  of the calibrated harness cost of a repetition).
+  slack, in every repetition (the slack includes SandboxConfig.timing_slack_harness_rel, by default a quarter, of
+  the calibrated harness cost of a repetition), plus the unpacking time it reports beyond its real cost, which
+  trusted_estimate believes up to 3 x the trusted side's packing + 0.5 ms.
 - In the candidate's process, device events have to be recorded in its own CUDA context, so a `Timer` is built
   there before the solution is imported: it captures the clock, the synchronisation and event functions it will
   use (the objects themselves, so a later monkeypatch of `torch.cuda.synchronize` or `time.perf_counter` does not

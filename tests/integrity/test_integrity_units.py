@@ -331,3 +331,30 @@ def test_identity_snapshot_sees_a_foreign_function_changed_in_place():
         else:
             h.fn.argtypes.append(ctypes.c_int)
         assert snap.replaced() == ["H.fn (its errcheck, restype or argtypes)"], change
+
+
+def test_liar_at_the_default_config_gains_at_most_the_default_slack():
+    """The production defaults (SandboxConfig(), the harness part on) with one of the H200's calibrations (session
+    13: fixed 1.03 ms + 0.227 ms a call, 3 calls): an honest repetition 0.5 ms short (the harness's own slowdown) is
+    not charged; a liar hiding h ms outside its clock in every repetition is charged exactly h less the default slack
+    whenever h exceeds it, so its per-call figure never drops below the honest one by more than slack / calls."""
+    from sandbox.config import SandboxConfig
+
+    cfg = SandboxConfig()
+    calls, fixed, per_call = 3, 1.03, 0.227
+    harness = cfg.timing_slack_harness_rel * (fixed + calls * per_call)
+    assert harness > 0  # the part is on by default
+    honest_ms, est = 0.076, 0.076 * calls + 0.5
+    slack = cfg.timing_slack_ms + cfg.timing_slack_rel * est + harness
+    honest, _, lim = charge_shortfall([honest_ms] * 8, [est] * 8, [est - 0.5] * 8, calls, cfg.timing_slack_ms,
+                                      cfg.timing_slack_rel, harness_ms=harness)
+    assert lim == pytest.approx(slack) and honest == [honest_ms] * 8
+    for hidden in (0.2, 1.0, 5.0):  # the liar reports the honest figure and hides `hidden` ms of its real work
+        est_l = est + hidden
+        s, _, _ = charge_shortfall([honest_ms] * 8, [est_l] * 8, [est - 0.5] * 8, calls, cfg.timing_slack_ms,
+                                   cfg.timing_slack_rel, harness_ms=harness)
+        slack_l = cfg.timing_slack_ms + cfg.timing_slack_rel * est_l + harness
+        true_ms = honest_ms + hidden / calls
+        charge = max(0.0, hidden + 0.5 - slack_l) / calls
+        assert s == pytest.approx([honest_ms + charge] * 8)
+        assert true_ms - s[0] <= slack_l / calls + 1e-9  # what it gains, per call, is bounded by the slack
