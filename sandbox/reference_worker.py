@@ -1569,10 +1569,12 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     first_full = rng.randrange(early) if early else -1
     stopped_at = 0
 
+    harness_slack_ms = cfg.timing_slack_harness_rel * (fixed + calls * ovh)  # the slack's harness part, per repetition
+
     def charged_candidate() -> tuple[list[float], float, float]:
         loops = [e - sh for e, sh in zip(ests, shortfalls)]
         return charge_shortfall(samples["candidate"], ests, loops, calls, cfg.timing_slack_ms, cfg.timing_slack_rel,
-                                charged, cfg.timing_slack_harness_rel * (fixed + calls * ovh))
+                                charged, harness_slack_ms)
 
     def settled() -> bool:
         """The milestone on the repetitions so far, at early_stop_level, cannot change (stats.milestone_settled)."""
