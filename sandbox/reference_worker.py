@@ -95,6 +95,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _MAX_TASKS = 32
 _RNG_LOCK = threading.Lock()  # torch's global generator: seeding and get_inputs() of one set at a time
 SPARE_START_TIMEOUT_S = 300.0  # a spare candidate worker's own start (python + torch import), trusted work
+# The longest the next evaluation's first timed section waits for the previous candidate's process tree to be gone
+# (WorkerPool.await_teardown). A killed candidate frees its memory before it closes its pipes (the kernel's do_exit:
+# exit_mm before exit_files), so the end of its reply pipe marks the end of its teardown: 436 ms for a candidate
+# holding 5 GB on the CPU box (session 13's review), during which the next calibration came out lower.
+TEARDOWN_WAIT_S = 5.0
 
 
 class StageFailure(Exception):
@@ -496,7 +501,10 @@ class CandidateProcess:
                       "of its own running while the baselines are timed)")
             raise StageFailure(Status.FORBIDDEN, f"{op}: {detail}", [Violation("background_work", detail)])
 
-    def kill(self) -> None:
+    def kill(self, keep_reply_pipe: bool = False) -> int | None:
+        """SIGKILL the whole tree and close this side's ends. keep_reply_pipe: leave the reply pipe's read end open
+        and return it, for `wait_for_eof` (the tree is gone once every process holding the write end has exited:
+        a zygote-forked candidate is no child of ours, so it cannot be waited for); else return None."""
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -506,7 +514,7 @@ class CandidateProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        for fd in (self.fd_out, self.fd_in):
+        for fd in (self.fd_out,) if keep_reply_pipe else (self.fd_out, self.fd_in):
             try:
                 os.close(fd)
             except OSError:
@@ -515,6 +523,33 @@ class CandidateProcess:
             self.shm.close()
             self.shm = None
         self.log.close()
+        return self.fd_in if keep_reply_pipe else None
+
+
+def wait_for_eof(fds: list[int], timeout_s: float) -> list[int]:
+    """Read and drop what arrives on each pipe read end in fds until its EOF (every writer has exited) or until
+    timeout_s (seconds) has passed; close those that reached EOF. Returns the fds still open (their writers alive)."""
+    import select
+
+    end = time.monotonic() + timeout_s
+    open_fds = list(fds)
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            break
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                os.close(fd)
+                open_fds.remove(fd)
+    return open_fds
 
 
 class CandidateDied(Exception):
@@ -533,6 +568,27 @@ class WorkerPool:
         self.use_zygote = use_zygote
         self.zygotes: dict[tuple[str, bool], Zygote] = {}
         self.spares: dict[tuple[str, bool], CandidateProcess] = {}
+        self.dying: list[int] = []  # reply pipes of retired candidates whose trees may still be tearing down
+
+    def retire(self, cand: CandidateProcess) -> None:
+        """Kill a used candidate's tree without waiting for it (off the reply's path); `await_teardown` waits."""
+        self.dying = wait_for_eof(self.dying, 0.0)  # those gone since (evaluations without a profile never wait)
+        fd = cand.kill(keep_reply_pipe=True)
+        if fd is not None:
+            self.dying.append(fd)
+
+    def await_teardown(self, timeout_s: float = TEARDOWN_WAIT_S) -> tuple[float, int]:
+        """Wait until the retired candidates' trees are gone (their memory released), up to timeout_s seconds:
+        before anything is timed, so no measurement runs beside a teardown. Returns (ms waited, trees still alive at
+        the deadline: their pipes are closed and they are no longer waited for)."""
+        if not self.dying:
+            return 0.0, 0
+        t0 = time.perf_counter()
+        left = wait_for_eof(self.dying, timeout_s)
+        for fd in left:
+            os.close(fd)
+        self.dying = []
+        return (time.perf_counter() - t0) * 1e3, len(left)
 
     def take(self, device: str, namespaces: bool) -> CandidateProcess:
         key = (device, namespaces)
@@ -555,6 +611,9 @@ class WorkerPool:
             p.kill()
         for z in self.zygotes.values():
             z.close()
+        for fd in self.dying:
+            os.close(fd)
+        self.dying = []
         self.spares.clear()
         self.zygotes.clear()
 
@@ -1001,6 +1060,14 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 raise StageFailure(Status.INTERNAL_ERROR, f"candidate setup: {reply.get('error', '?')}")
             out["stage_ms"]["candidate_start"] = (time.perf_counter() - t1) * 1e3
             if cfg.profile:  # before load: nothing but the harness answers yet
+                # the previous evaluation's candidate: gone before anything is timed (usually long since, during
+                # this job's reference stage and candidate start)
+                waited_ms, alive = spares.await_teardown()
+                if waited_ms >= 1.0 or alive:
+                    out["stage_ms"]["previous_teardown"] = waited_ms
+                if alive:
+                    out["log"].append(f"profile: {alive} earlier candidate tree(s) still exiting after "
+                                      f"{waited_ms:.0f} ms; timed beside their teardown")
                 # requests of up to calibration_calls_max calls (its docstring has the trade-off of cost and noise)
                 n_cal = min(ref["plan"].calls, cfg.calibration_calls_max) if ref["plan"] is not None else 1
                 # what the costs depend on besides the task: calls per request, the format, the timing gate
@@ -1121,7 +1188,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 wire.send(cand.fd_out, {"op": "exit"}, timeout_s=0.2)
             except Exception:  # noqa: BLE001
                 pass
-            cand.kill()
+            spares.retire(cand)  # the next job's first timed section waits for its teardown (await_teardown)
         if spill is not None:
             spill.close()
 

@@ -193,7 +193,9 @@ class EvalResult:
       status: one of Status (see module doc). reward: -1 on failure, else the milestone 0-3 (DESIGN.md).
       message: one line a person can act on.
       task_id, format ("cubin" | "extension" | "cpu"), backend ("cuda" | "cpu").
-      stage_ms: wall-clock time per stage in ms: workspace, static_check, build, load, verify, profile, total.
+      stage_ms: wall-clock time per stage in ms: workspace, static_check, build, load, verify, profile, total
+        (and, when present, the finer ones the worker reports: reference, candidate_start, calibration,
+        profile_timed, timing_lock_wait, previous_teardown: the wait for the previous candidate's tree to exit).
       compile_log: the build's diagnostics, truncated, with workspace-relative paths. build_cached: build reused.
       trials: one TrialResult per verification input set (then one more for the outputs of the timed calls).
       timing: what the profile stage measured (None when it did not run).

@@ -34,7 +34,7 @@ log = logging.getLogger("sandbox.service")
 PREFIX = "cuda_agent_sandbox"
 STAGES = ("queue", "prebuild", "workspace", "static_check", "build", "reference", "candidate_start", "calibration",
           "load", "verify", "profile", "profile_timed", "timing_lock_wait", "timing_lock_shared_wait",
-          "timing_lock_held", "total", "node")
+          "timing_lock_held", "previous_teardown", "total", "node")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 600, float("inf"))
 
 
