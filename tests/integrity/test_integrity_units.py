@@ -358,3 +358,65 @@ def test_liar_at_the_default_config_gains_at_most_the_default_slack():
         charge = max(0.0, hidden + 0.5 - slack_l) / calls
         assert s == pytest.approx([honest_ms + charge] * 8)
         assert true_ms - s[0] <= slack_l / calls + 1e-9  # what it gains, per call, is bounded by the slack
+
+
+def _code_swap_module():
+    """A fresh module of three plain functions and a class, for IdentitySnapshot's code checks."""
+    import types as _types
+
+    mod = _types.ModuleType("code_swap_probe")
+    exec("def a():\n    return 1\n\ndef b():\n    return 2\n\ndef c():\n    return 3\n\n"
+         "class K:\n    def m(self):\n        return 4\n", mod.__dict__)
+    return mod
+
+
+@pytest.mark.parametrize("attack", ["swap_one", "swap_two_with_each_other", "swap_and_keep_the_old_in_doc",
+                                    "method_code", "none"])
+def test_identity_snapshot_sees_every_code_swap_through_its_batched_check(attack):
+    """IdentitySnapshot's code check reads no __code__ while nothing changed (one gc.get_referents over every
+    function: sandbox.integrity.CodeCheck). Each way of swapping code objects must still be named: one function's,
+    two functions' exchanged (the set of code objects unchanged), one whose old code is kept in its own __doc__
+    (the count of code objects unchanged for that function's neighbours), a class's method."""
+    from sandbox.integrity import CodeCheck, IdentitySnapshot
+
+    mod = _code_swap_module()
+    snap = IdentitySnapshot()
+    snap.add_module(mod, deep=True)
+    assert snap.replaced() == []
+    expected: set[str] = set()
+    if attack == "swap_one":
+        mod.a.__code__ = (lambda: 9).__code__
+        expected = {"code_swap_probe.a"}
+    elif attack == "swap_two_with_each_other":
+        mod.a.__code__, mod.b.__code__ = mod.b.__code__, mod.a.__code__
+        expected = {"code_swap_probe.a", "code_swap_probe.b"}
+    elif attack == "swap_and_keep_the_old_in_doc":
+        old = mod.c.__code__
+        mod.c.__doc__ = old
+        mod.c.__code__ = (lambda: 9).__code__
+        expected = {"code_swap_probe.c"}
+    elif attack == "method_code":
+        mod.K.m.__code__ = (lambda self: 9).__code__
+        expected = {"code_swap_probe.K.m"}
+    assert set(snap.replaced()) == expected
+    fresh = _code_swap_module()
+    fns = [fresh.a, fresh.b, fresh.c, fresh.K.m]
+    check = CodeCheck(fns, [f.__code__ for f in fns])
+    assert check.unchanged()
+    fresh.b.__doc__ = fresh.b.__code__  # a code object among the referents: "changed" (the caller then looks closely)
+    assert not check.unchanged()
+
+
+def test_state_snapshot_sees_a_torch_function_code_swap():
+    """StateSnapshot's batched code check (CodeCheck) on torch's own Python functions."""
+    snap = StateSnapshot()
+    assert snap.replaced() == []
+    fn = torch.nn.functional.gelu if hasattr(torch.nn.functional.gelu, "__code__") else torch.nn.functional.dropout
+    name = [k for k, e in snap.callables.items() if e[2] is fn][0]
+    real = fn.__code__
+    try:
+        fn.__code__ = (lambda *a, **k: a[0]).__code__
+        assert name in snap.replaced()
+    finally:
+        fn.__code__ = real
+    assert snap.replaced() == []
