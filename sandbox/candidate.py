@@ -643,9 +643,10 @@ class Worker:
             if fin is not None:
                 viol += [f"write_after_return: timed call {k}, output {i} changed after the call returned"
                          for i, (o, c) in enumerate(zip(_tensors(out), fin)) if not _same(o, c, self.equal)]
-        # the quick look here; the full one (identities, ~3 ms on the CPU box: every __code__ read is an audited
-        # event) follows every sample request in `serve`, after this handler and whatever it set off
-        viol += self._integrity(full=False)
+        # the full look (identities) before the copies are read, and again after the handler in `serve`: a patch
+        # put in during the timed request could otherwise forge what the reads below return and put itself back
+        # before the look after the handler (session 14's review: a one-shot torch.tensor wrapper)
+        viol += self._integrity()
         viol += [f"thread: {t}" for t in python_threads_in_workspace(self.monitor)]
         return viol
 

@@ -27,7 +27,9 @@ hack needs, at a level the solution cannot switch off:
 - `StateSnapshot`: torch's global flags (TF32, cuDNN, default dtype, matmul precision, deterministic mode, threads)
   are restored to their trusted values after every candidate call (neutralised, noted in the log), and the
   identities of torch's public callables (`torch.*`, `torch.nn.functional.*`, `torch.Tensor.*`, `torch.cuda.*`)
-  are compared with the trusted snapshot: a monkeypatched torch function is a violation.
+  are compared with the trusted snapshot: a monkeypatched torch function is a violation, and so is a new key in
+  the own `__dict__` of torch.Tensor or torch.nn.Module (it would shadow a method inherited from
+  `torch._C.TensorBase` or `object`, which no recorded callable covers).
 - `python_threads_in_workspace`: Python threads still running candidate code after a call returned.
 - `HookState`: the process-wide callbacks through which code runs later, inside the harness, with no frame of the
   solution's own making it (gc callbacks and thresholds, signal handlers and interval timers, trace / profile
@@ -844,10 +846,17 @@ class StateSnapshot:
         if template is not None:  # modules from the template (their dir() is the slow part), classes scanned anew
             self.callables = {k: e for k, e in template.callables.items() if not isinstance(e[0], type)}
             for key in template.replaced():
+                if key not in template.callables:  # a key added to a class since: classes are scanned anew below
+                    continue
                 ns, n, _, _ = template.callables[key]
                 if not isinstance(ns, type):
                     v = getattr(ns, n, None)
                     self.callables[key] = (ns, n, v, getattr(v, "__code__", None))
+        # every key of each class's own __dict__: a name the class inherits (torch.Tensor's reshape, copy_, fill_
+        # come from the C type torch._C.TensorBase, which cannot be changed) can still be shadowed by a new key on
+        # the class itself, which no recorded callable shows (session 14's review forged a reward that way)
+        self.class_keys = {n: (vars(ns), frozenset(vars(ns)))
+                           for n, ns in _namespaces().items() if isinstance(ns, type)}
         for ns_name, ns in _namespaces().items():
             if template is not None and not isinstance(ns, type):
                 continue
@@ -904,11 +913,14 @@ class StateSnapshot:
         mods, classes, (fn_keys, fn_objs, fn_codes) = self._idx
         cur_m = list(map(getattr, mods[1], mods[2], itertools.repeat(None)))
         cur_c = list(map(types.MappingProxyType.get, classes[1], classes[2]))
+        added = [f"{n}.{k}" for n, (d, keys) in self.class_keys.items() if d.keys() != keys
+                 for k in d if k not in keys]
         if not (any(map(operator.is_not, cur_m, mods[3])) or any(map(operator.is_not, cur_c, classes[3]))
-                or not self._code_check.unchanged()):
+                or added or not self._code_check.unchanged()):
             return []
         codes = list(map(getattr, fn_objs, itertools.repeat("__code__"), itertools.repeat(None)))
-        out = [k for g, cur in ((mods, cur_m), (classes, cur_c)) for k, c, v in zip(g[0], cur, g[3]) if c is not v]
+        out = added + [k for g, cur in ((mods, cur_m), (classes, cur_c)) for k, c, v in zip(g[0], cur, g[3])
+                       if c is not v]
         out += [k for k, c, code in zip(fn_keys, codes, fn_codes) if c is not code and k not in out]
         return out
 

@@ -100,6 +100,7 @@ SPARE_START_TIMEOUT_S = 300.0  # a spare candidate worker's own start (python + 
 # exit_mm before exit_files), so the end of its reply pipe marks the end of its teardown: 436 ms for a candidate
 # holding 5 GB on the CPU box (session 13's review), during which the next calibration came out lower.
 TEARDOWN_WAIT_S = 5.0
+DYING_MAX = 16  # retired candidates' reply pipes kept for that wait at most (the oldest is let go first)
 
 
 class StageFailure(Exception):
@@ -533,13 +534,17 @@ def wait_for_eof(fds: list[int], timeout_s: float) -> list[int]:
 
     end = time.monotonic() + timeout_s
     open_fds = list(fds)
+    poller = select.poll()  # not select.select: a busy node's fds can be past FD_SETSIZE (1024)
     for fd in open_fds:
         os.set_blocking(fd, False)
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     while open_fds:
-        ready, _, _ = select.select(open_fds, [], [], max(0.0, end - time.monotonic()))
-        if not ready:
+        events = poller.poll(max(0.0, end - time.monotonic()) * 1e3)
+        if not events:
             break
-        for fd in ready:
+        for fd, _ in events:
+            if fd not in open_fds:
+                continue
             try:
                 chunk = os.read(fd, 1 << 16)
             except BlockingIOError:
@@ -547,6 +552,7 @@ def wait_for_eof(fds: list[int], timeout_s: float) -> list[int]:
             except OSError:
                 chunk = b""
             if not chunk:
+                poller.unregister(fd)
                 os.close(fd)
                 open_fds.remove(fd)
     return open_fds
@@ -573,6 +579,8 @@ class WorkerPool:
     def retire(self, cand: CandidateProcess) -> None:
         """Kill a used candidate's tree without waiting for it (off the reply's path); `await_teardown` waits."""
         self.dying = wait_for_eof(self.dying, 0.0)  # those gone since (evaluations without a profile never wait)
+        while len(self.dying) >= DYING_MAX:  # trees that keep their pipe open for good: no longer waited for
+            os.close(self.dying.pop(0))
         fd = cand.kill(keep_reply_pipe=True)
         if fd is not None:
             self.dying.append(fd)

@@ -34,6 +34,8 @@ FORBIDDEN = {
     "forged_launch_count": "harness_tampering",
     "global_flags": "global_state",
     "monkeypatch_torch": "monkeypatch",
+    "shadow_inherited_tensor_methods": "monkeypatch",
+    "self_restoring_patch": "monkeypatch",
     "patch_guard": "harness_tampering",
     "patch_function_defaults": "tampering",
     "rebind_guard_tables": "harness_tampering",

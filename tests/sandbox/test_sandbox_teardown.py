@@ -80,3 +80,46 @@ def test_a_retired_candidate_is_gone_after_await_teardown(use_zygote):
         assert pool.await_teardown(10.0) == (0.0, 0)  # nothing left to wait for
     finally:
         pool.close()
+
+
+def test_wait_for_eof_takes_fds_past_fd_setsize():
+    """A busy node holds many fds; select.select refuses any past 1024 (the wait uses poll)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2100:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard}")
+    if soft < 2100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2100, hard))
+    p, r = _writer(0.2)
+    high = os.dup2(r, 2000)
+    os.close(r)
+    try:
+        assert wait_for_eof([high], 10.0) == []
+    finally:
+        p.wait(timeout=5)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_retired_pipes_that_never_close_are_bounded():
+    """Trees that keep their reply pipe open for good (evaluations without a profile never wait for them) are let
+    go oldest first once DYING_MAX are held: no fd pile-up."""
+    from sandbox.reference_worker import DYING_MAX
+
+    pool = WorkerPool(SandboxConfig(backend="cpu"), use_zygote=True)
+    writers = []
+    try:
+        for _ in range(DYING_MAX + 3):
+            r, w = os.pipe()
+            writers.append(w)
+            pool.dying.append(r)
+        first = pool.dying[0]
+        cand = pool.take("cpu", False)
+        pool.retire(cand)
+        assert len(pool.dying) == DYING_MAX
+        with pytest.raises(OSError):
+            os.fstat(first)  # the oldest was closed
+    finally:
+        pool.close()
+        for w in writers:
+            os.close(w)
