@@ -85,7 +85,8 @@ def bench_learns(smoke: bool) -> dict:
 # ------------------------------------------------------------------------------------------------ update
 
 
-def _models(shape: dict, gpu: bool, seed: int = 0, remat: bool = True, remat_policy: str = "full"):
+def _models(shape: dict, gpu: bool, seed: int = 0, remat: bool = True, remat_policy: str = "full",
+            attention_max_segments: int = 64):
     import jax
     from flax import nnx
 
@@ -93,7 +94,7 @@ def _models(shape: dict, gpu: bool, seed: int = 0, remat: bool = True, remat_pol
 
     cfg = ModelConfig(**shape, param_dtype="float32", dtype="bfloat16" if gpu else "float32",
                       attention_impl="cudnn" if gpu else "xla", remat=remat, remat_policy=remat_policy,
-                      max_position_embeddings=32768)
+                      max_position_embeddings=32768, attention_max_segments=attention_max_segments)
     # parameters made on the device by a jitted init (no host round trip)
     abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(seed)))
     graphdef, _ = nnx.split(abstract)
@@ -134,19 +135,23 @@ REMAT_VARIANTS = {"remat": (True, "full"), "noremat": (False, "full"), "save_dot
 
 
 def parse_variants(text: str) -> list[tuple[int, str]]:
-    """'mb1:remat,mb2:save_dots' -> [(1, "remat"), (2, "save_dots")]: microbatch rows and rematerialisation per
-    variant (remat: recompute each layer; save_dots: recompute it but keep its projection matmuls' outputs,
-    `ModelConfig.remat_policy`; noremat: keep everything).
+    """'mb1:remat,mb2:save_dots:mask' -> [(1, "remat"), (2, "save_dots:mask")]: microbatch rows and
+    rematerialisation per variant (remat: recompute each layer; save_dots: recompute it but keep its projection
+    matmuls' outputs, `ModelConfig.remat_policy`; noremat: keep everything). A third part `mask` sends the
+    rows' segment ids through cuDNN's dense mask (`ModelConfig.attention_max_segments=0`) instead of its
+    packed layout.
 
     Raises:
-      ValueError: a variant that is not mbN:<one of REMAT_VARIANTS> (N >= 1).
+      ValueError: a variant that is not mbN:<one of REMAT_VARIANTS>[:mask] (N >= 1).
     """
     out = []
     for v in (x.strip() for x in text.split(",") if x.strip()):
-        mb, _, rm = v.partition(":")
-        if not (mb.startswith("mb") and mb[2:].isdigit() and int(mb[2:]) >= 1 and rm in REMAT_VARIANTS):
-            raise ValueError(f"--variants: {v!r} is not mbN:{'|'.join(REMAT_VARIANTS)} (N >= 1)")
-        out.append((int(mb[2:]), rm))
+        mb, _, rest = v.partition(":")
+        rm, _, attn = rest.partition(":")
+        if not (mb.startswith("mb") and mb[2:].isdigit() and int(mb[2:]) >= 1 and rm in REMAT_VARIANTS
+                and attn in ("", "mask")):
+            raise ValueError(f"--variants: {v!r} is not mbN:{'|'.join(REMAT_VARIANTS)}[:mask] (N >= 1)")
+        out.append((int(mb[2:]), rest))
     if not out:
         raise ValueError("--variants: no variant given")
     return out
@@ -181,8 +186,10 @@ def _update_setup(smoke: bool, micro: int, remat: str) -> dict:
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
     ppo = PPOConfig(minibatch_size=mb, microbatch_size=micro, epochs=1, logits_chunk_size=64 if smoke else 1024)
     opt = OptimizerConfig(lr=1e-6, warmup_steps=0)
+    remat, _, attn = remat.partition(":")
     on, policy_name = REMAT_VARIANTS[remat]
-    _, policy_model, critic_model = _models(shape, gpu, remat=on, remat_policy=policy_name)
+    _, policy_model, critic_model = _models(shape, gpu, remat=on, remat_policy=policy_name,
+                                            attention_max_segments=0 if attn == "mask" else 64)
     policy = create_train_state(policy_model, opt, ppo, mesh)
     critic = create_train_state(critic_model, opt, ppo, mesh)
     del policy_model, critic_model

@@ -101,6 +101,12 @@ class ModelConfig:
     (any backend, memory O(T * chunk))."""
     attention_chunk_size: int = 512
     """Query chunk of the "chunked" attention."""
+    attention_max_segments: int = 64
+    """"cudnn" with segment ids (sequence packing): rows holding at most this many segments, laid out as
+    learner/batch.py packs them (ids 1, 2, ... in order, padding 0 only at the end), go through cuDNN's packed
+    (ragged) layout (`packed_segments`); other rows, or 0 here, take the dense-mask path, whose backward also
+    computes and writes the gradient of the [B, 1, T, T] mask (jax's cuDNN wrapper exports a bias gradient
+    whenever it gets a mask). The choice is made on the device per batch (jax.lax.cond), so both are compiled."""
     init_std: float = 0.02
     """Standard deviation of the random normal initialisation of matrices."""
 
@@ -110,6 +116,9 @@ class ModelConfig:
         for name in positive:
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.attention_max_segments < 0 or self.attention_max_segments == 1:
+            raise ValueError(f"ModelConfig.attention_max_segments must be 0 (dense mask only) or >= 2, "
+                             f"got {self.attention_max_segments}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                              f"({self.num_kv_heads})")
@@ -330,6 +339,46 @@ def _attend_masked(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) ->
     return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, dh)
 
 
+def packed_segments(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The segment lengths and start offsets of packed rows, in the form of cuDNN's packed (ragged) attention
+    layout (jax._src.cudnn.fused_attention_stablehlo.dot_product_attention's q_seqlen / q_offsets).
+
+    segment_ids `[B, T]` int -> seqlens `[B, M]` int32, offsets `[B, M + 1]` int32, ok `[]` bool, with
+    M = max_segments. Row b's segment m (id m + 1) has seqlens[b, m] tokens and starts at offsets[b, m];
+    entries past the row's last segment are -1. `ok` is True when every row is laid out as learner/batch.py
+    packs it (ids 1, 2, ... in order, each segment contiguous, padding 0 only after the last segment, at most
+    M segments) and at least one row holds a segment; the packed layout is exact only then.
+    """
+    s = segment_ids.astype(jnp.int32)
+    b, t = s.shape
+    prev = s[:, :-1]
+    nxt = s[:, 1:]
+    steps = (nxt == prev) | ((prev > 0) & (nxt == prev + 1)) | (nxt == 0)
+    n_seg = jnp.max(s, axis=1)  # [B]
+    ok = (jnp.all((s[:, 0] == 0) | (s[:, 0] == 1)) & jnp.all(steps) & jnp.all(n_seg <= max_segments)
+          & jnp.any(n_seg > 0))
+    ids = jnp.arange(1, max_segments + 1, dtype=jnp.int32)
+    counts = jnp.sum((s[:, :, None] == ids[None, None, :]).astype(jnp.int32), axis=1)  # [B, M]
+    present = ids[None, :] <= n_seg[:, None]
+    seqlens = jnp.where(present, counts, -1)
+    starts = jnp.cumsum(counts, axis=1) - counts
+    offsets = jnp.concatenate([jnp.where(present, starts, -1), jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    return seqlens, offsets, ok
+
+
+def _cudnn_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array,
+                            offsets: jax.Array) -> jax.Array:
+    """cuDNN flash attention over packed rows (causal within each segment; Hopper or newer). Shapes as in
+    `attend`; seqlens / offsets from `packed_segments`. The public jax.nn.dot_product_attention takes no
+    segments, so this calls the cuDNN wrapper it is built on."""
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType
+    from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attention
+
+    return cudnn_attention(q, k, v, q_seqlen=seqlens, kv_seqlen=seqlens, q_offsets=offsets, kv_offsets=offsets,
+                           scale=1.0 / math.sqrt(q.shape[-1]), mask_type=MaskType.PADDING_CAUSAL,
+                           qkv_layout="BTNH")
+
+
 def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
            lengths: jax.Array | None = None) -> jax.Array:
     """Causal self-attention over one sequence block: q `[B,T,H,Dh]`, k/v `[B,T,K,Dh]` -> `[B,T,H,Dh]`.
@@ -347,9 +396,21 @@ def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segmen
             seq = None if lengths is None else lengths.astype(jnp.int32)
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=seq,
                                                 key_value_seq_lengths=seq, implementation="cudnn")
-        seg_mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
-        return jax.nn.dot_product_attention(q, k, v, mask=seg_mask[:, None], is_causal=True,
-                                            implementation="cudnn")
+
+        def dense_mask(q, k, v):
+            seg_mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+            return jax.nn.dot_product_attention(q, k, v, mask=seg_mask[:, None], is_causal=True,
+                                                implementation="cudnn")
+
+        if not config.attention_max_segments:
+            return dense_mask(q, k, v)
+        seqlens, offsets, ok = packed_segments(segment_ids, config.attention_max_segments)
+
+        def packed(q, k, v):  # padding positions are left unwritten by cuDNN: zero them
+            out = _cudnn_packed_attention(q, k, v, seqlens, offsets)
+            return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+
+        return jax.lax.cond(ok, packed, dense_mask, q, k, v)
     if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)
     index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))

@@ -19,7 +19,7 @@
 #                      sandbox (200 s), noise (220 s: the defaults and NOISE_COMPARE's setting), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
 #                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
-#                      overhead (150 s: per-call host overhead, cubin), stability (300 s: the same GPU-split demos
+#                      overhead (150 s: per-call host overhead, cubin), attention (90 s: cuDNN dense mask vs packed layout), stability (300 s: the same GPU-split demos
 #                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured, the whole filter,
 #                      GPUSPLIT_WORKERS workers, default 16)
 set -uo pipefail
@@ -70,6 +70,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --sections "${LEARNER_SECTIONS:-update,publish}" --versions 3 --reps 3 \
                --variants "${LEARNER_VARIANTS:-mb1:remat,mb2:remat,mb1:noremat}" \
                --io-threads 1,4 ;;
+    attention) run_bench attention 90 python3 benchmarks/attention_bench.py --rows 4 --seq 8192 --segments 1,8 \
+               --json "$out/attention.json" ;;
     xaccel)  run_bench xaccel 60 python3 benchmarks/learner_bench.py --out "$out/learner_x" --sections xaccel_save
              tar -C "$out/learner_x" -czf "$out/xaccel.tar.gz" xaccel 2>/dev/null && rm -rf "$out/learner_x/xaccel" ;;
     actor)   run_bench actor 280 python3 benchmarks/actor_bench.py --out "$out/actor" \
