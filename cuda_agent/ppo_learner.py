@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from cuda_agent.train_config import TrainConfig
     from learner.config import ServiceConfig
     from learner.hf_checkpoint import load_critic, load_pretrained
+    from cuda_agent.prepare import runtime_overrides
     from learner.model import Critic
     from learner.service import STATUS_STOPPED, LearnerService
     from learner.tokenizer import Tokenizer
@@ -98,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
     svc = ServiceConfig(trajectories=args.trajectories, weights=args.weights, stage=stage, max_updates=spec.updates,
                         time_budget_s=spec.time_budget_s, curve=args.curve, curve_secret_key=args.curve_secret_key,
                         curve_authorized_keys=args.curve_authorized_keys)
-    policy_model = load_pretrained(args.init)
+    policy_model = load_pretrained(args.init, **runtime_overrides(cfg.model))
     critic_dir = Path(args.init) / "critic"
-    critic_model = (load_critic(critic_dir) if (critic_dir / "config.json").exists()
+    critic_model = (load_critic(critic_dir, **runtime_overrides(cfg.model)) if (critic_dir / "config.json").exists()
                     else Critic.from_policy(policy_model))
 
     samples_md = run_dir / "trajectories" / f"{stage}.md"

@@ -31,6 +31,14 @@ def model_config(spec: ModelSpec, vocab_size: int):
                        remat_policy=spec.remat_policy, attention_impl=spec.attention_impl)
 
 
+def runtime_overrides(spec: ModelSpec) -> dict:
+    """The ModelConfig fields a stage takes from the run's model spec, not from the checkpoint's config.json
+    (which holds the shape only): compute and parameter dtypes, rematerialisation and the attention
+    implementation. Pass them to learner.hf_checkpoint.load_pretrained / load_critic."""
+    return {"dtype": spec.dtype, "param_dtype": spec.param_dtype, "remat": spec.remat,
+            "remat_policy": spec.remat_policy, "attention_impl": spec.attention_impl}
+
+
 def prepare_model(out: Path, model: ModelSpec, tok_spec: TokenizerSpec, train: Sequence[Task],
                   eval_tasks: Sequence[Task], fmt: str, seed: int = 0, skill: str = "full",
                   variants: Sequence[str] = ("naive", "fused", "fast")) -> dict:

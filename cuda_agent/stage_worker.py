@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from learner.checkpoint import LearnerCheckpointer, LearnerMeta
     from learner.config import OptimizerConfig, PPOConfig
     from learner.hf_checkpoint import load_critic, load_pretrained, save_pretrained
+    from cuda_agent.prepare import runtime_overrides
     from learner.metrics import MetricsLogger
     from learner.model import Critic
     from learner.tokenizer import Tokenizer
@@ -210,10 +211,11 @@ def run(args: argparse.Namespace) -> int:
     if plan_file.exists():  # a restarted worker keeps the schedule it re-planned (see fit_schedule below)
         total_steps = int(json.loads(plan_file.read_text())["total_steps"])
     optim = optimizer(total_steps)
-    policy_model = load_pretrained(args.init)
+    policy_model = load_pretrained(args.init, **runtime_overrides(cfg.model))
     if stage == "value_pretrain":
         critic_dir = Path(args.init) / "critic"
-        net = load_critic(critic_dir) if (critic_dir / "config.json").exists() else Critic.from_policy(policy_model)
+        net = (load_critic(critic_dir, **runtime_overrides(cfg.model)) if (critic_dir / "config.json").exists()
+               else Critic.from_policy(policy_model))
     else:
         net = policy_model
     state = create_train_state(net, optim, ppo_cfg)

@@ -49,3 +49,22 @@ def test_replanned_schedule_keeps_the_optimiser_state_and_anneals():
     assert int(state.step) == 5
     assert float(m["sft/lr"]) == pytest.approx(1e-2 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 2 / 3))), rel=1e-4)
     assert np.isfinite(float(m["sft/nll"]))
+
+
+def test_stage_models_take_the_runs_numerics_not_the_checkpoints(tmp_path):
+    """A stage loads the policy from a Hugging Face folder (shape only); dtype, remat and attention come from
+    the run's model spec (cuda_agent.prepare.runtime_overrides). Without them the h200 preset's warm start ran
+    XLA attention without remat at 8 x 8192 tokens and asked for 94.5 GiB on the H200."""
+    from cuda_agent.prepare import model_config, runtime_overrides
+    from cuda_agent.train_config import ModelSpec
+    from learner.hf_checkpoint import load_pretrained, save_pretrained
+    from learner.model import Transformer
+
+    spec = ModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                     dtype="bfloat16", remat=True, remat_policy="save_dots", attention_impl="chunked")
+    save_pretrained(Transformer(model_config(spec, 100), nnx.Rngs(0)), tmp_path, dtype="float32")
+    plain = load_pretrained(tmp_path).config
+    assert (plain.remat, plain.attention_impl) == (False, "xla")  # what a stage got before
+    cfg = load_pretrained(tmp_path, **runtime_overrides(spec)).config
+    assert (cfg.dtype, cfg.param_dtype, cfg.remat, cfg.remat_policy, cfg.attention_impl) == (
+        "bfloat16", "float32", True, "save_dots", "chunked")
