@@ -104,9 +104,12 @@ class ModelConfig:
     attention_max_segments: int = 64
     """"cudnn" with segment ids (sequence packing): rows holding at most this many segments, laid out as
     learner/batch.py packs them (ids 1, 2, ... in order, padding 0 only at the end), go through cuDNN's packed
-    (ragged) layout (`packed_segments`); other rows, or 0 here, take the dense-mask path, whose backward also
-    computes and writes the gradient of the [B, 1, T, T] mask (jax's cuDNN wrapper exports a bias gradient
-    whenever it gets a mask). The choice is made on the device per batch (jax.lax.cond), so both are compiled."""
+    (ragged) layout (`packed_segments`); other layouts take the "chunked" XLA path. The choice is made on the
+    device per batch (jax.lax.cond), so both are compiled, and XLA reserves memory for the larger of the two even
+    when it is not taken: hence chunked, O(T * attention_chunk_size), as the other branch. 0 here: cuDNN with a
+    dense [B, 1, T, T] mask for every layout, whose backward also computes and writes the mask's gradient (jax's
+    cuDNN wrapper exports a bias gradient whenever it gets a mask): slower (benchmarks/attention_bench.py) and
+    O(T^2) memory."""
     init_std: float = 0.02
     """Standard deviation of the random normal initialisation of matrices."""
 
@@ -410,14 +413,23 @@ def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segmen
             out = _cudnn_packed_attention(q, k, v, seqlens, offsets)
             return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
-        return jax.lax.cond(ok, packed, dense_mask, q, k, v)
+        def other_layout(q, k, v):  # memory O(T * chunk): a [B, 1, T, T] mask would be allocated even untaken
+            return _attend_chunked(q, k, v, segment_ids, config.attention_chunk_size)
+
+        return jax.lax.cond(ok, packed, other_layout, q, k, v)
     if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)
-    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
-    chunk = config.attention_chunk_size
-    if impl == "xla" or t <= chunk:
+    if impl == "xla" or t <= config.attention_chunk_size:
+        index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
         return _attend_masked(q, k, v, attention_mask(index, index, segment_ids, segment_ids))
-    # "chunked": scan over query chunks; each chunk sees all keys; recomputed in the backward pass.
+    return _attend_chunked(q, k, v, segment_ids, config.attention_chunk_size)
+
+
+def _attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, chunk: int) -> jax.Array:
+    """`_attend_masked` one query chunk at a time under jax.checkpoint (memory O(B * H * chunk * T)); any
+    segment layout. Shapes as in `attend`."""
+    b, t = q.shape[:2]
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
     pad = (-t) % chunk
     qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
     idx_p = jnp.pad(index, ((0, 0), (0, pad)))
