@@ -52,7 +52,7 @@ def test_cudnn_attention_and_bf16_sampler_on_gpu():
 def test_cudnn_packed_segments_match_xla_with_gradients():
     """Packed rows through cuDNN's packed layout (learner.model.packed_segments): outputs and q/k/v gradients at
     the non-padding positions agree with the XLA reference; a row layout the packed path cannot take (padding
-    between segments) goes through the dense mask and agrees too."""
+    between segments) goes through the chunked XLA path and agrees too."""
     import jax
     import jax.numpy as jnp
 
