@@ -2,8 +2,9 @@
 
 Import (`load_pretrained`, `load_critic`) reads the safetensors files tensor by tensor with plain file reads
 (no memory map, so the file's pages do not join the process's resident set) into the stacked parameter being
-filled, and places each finished parameter on the device before reading the next: host memory peaks at the
-model plus one stacked parameter, never two full copies (`tests/model/test_hf_memory.py` measures it).
+filled, and places each finished parameter on the device, waiting for the transfer and for jax to let go of
+the host array, before reading the next: host memory peaks at the model plus one stacked parameter, never two
+full copies (`tests/model/test_model_checkpoint_errors.py::test_import_peak_host_memory_is_one_copy`).
 
 Export (`save_pretrained`) writes what `transformers` loads with `AutoModelForCausalLM.from_pretrained` (or
 `AutoModelForTokenClassification` for a critic): config.json in the v4 form (`rope_theta`, `rope_scaling`,
@@ -18,6 +19,7 @@ Every problem raises `CheckpointError` naming the file and what is wrong.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import struct
@@ -371,10 +373,27 @@ def _load_into(model: Any, folder: Path, config: ModelConfig, entries: Iterable[
                 host = entry.to_ours(source.read(entry.hf, entry.hf_shape(config)), config)
                 host = np.ascontiguousarray(host.astype(np_dtype, copy=False))
             names = tuple(param.get_metadata().get("out_sharding") or ())
-            param.set_value(place(".".join(entry.path), host, names))
+            value = place(".".join(entry.path), host, names)
+            param.set_value(value)
             del host
+            _release_host_buffers(value)
     finally:
         source.close()
+
+
+def _release_host_buffers(value: Any) -> None:
+    """Wait until `value`'s transfer is done and jax has dropped its reference to the host array it came from.
+
+    `jax.device_put` is asynchronous and keeps the numpy array alive until the copy finishes; the transfer thread
+    cannot take the GIL, so jax queues that reference and releases it only at its next transfer (`device_put`
+    collects the queue on entry) or in its `gc.callbacks` hook. Without this the previous stacked parameter (or,
+    while a transfer lags, several) stays resident while the next one is read, and the last one outlives the load:
+    measured on CPU, 415-508 MiB peak growth (1.28-1.57x, varying run to run) for a 324 MiB model, against
+    324 + 64 MiB (the model plus its largest stacked parameter) every run with it.
+    A young-generation collection is cheap and runs jax's hook.
+    """
+    jax.block_until_ready(value)
+    gc.collect(0)
 
 
 def load_pretrained(path: str | os.PathLike, *, place: Callable[[str, np.ndarray, tuple], jax.Array] | None = None,
