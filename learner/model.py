@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 from typing import Any, Dict, Optional
@@ -369,14 +370,40 @@ def packed_segments(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Arra
     return seqlens, offsets, ok
 
 
+@functools.lru_cache(maxsize=None)
+def packed_kv_offsets_follow_key_heads() -> bool:
+    """Whether the installed jax scales the packed layout's key/value offsets by the key's own head count.
+
+    jax's cuDNN wrapper (`_fix_seqlen_offsets`) multiplies both offset tensors by a per-token stride; up to jax
+    0.10.2 it used the query's heads for the keys too, so with grouped-query attention every key segment but the
+    first was read from the wrong place, silently (fixed upstream in jax-ml/jax#39521). Checked by running that
+    conversion on a 2-query-head / 1-kv-head example (no GPU needed); False too when the private function has
+    moved or changed."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+
+        seqlens = jnp.array([[1, 1]], jnp.int32)
+        offsets = jnp.array([[0, 1, -1]], jnp.int32)
+        *_, kv_offsets = fa._fix_seqlen_offsets(seqlens, seqlens, offsets, offsets,
+                                                jnp.zeros((1, 2, 2, 8), jnp.bfloat16),
+                                                jnp.zeros((1, 2, 1, 8), jnp.bfloat16))
+        return int(np.asarray(kv_offsets).ravel()[1]) == 8  # token 1 of a 1-head, 8-wide key (the bug gives 16)
+    except Exception:  # noqa: BLE001 - any change of the private API: take the safe path
+        return False
+
+
 def _cudnn_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: jax.Array,
                             offsets: jax.Array) -> jax.Array:
     """cuDNN flash attention over packed rows (causal within each segment; Hopper or newer). Shapes as in
     `attend`; seqlens / offsets from `packed_segments`. The public jax.nn.dot_product_attention takes no
-    segments, so this calls the cuDNN wrapper it is built on."""
+    segments, so this calls the cuDNN wrapper it is built on. Where that wrapper mis-scales grouped-query key
+    offsets (`packed_kv_offsets_follow_key_heads`), keys and values are repeated to the query's heads first."""
     from jax._src.cudnn.fused_attention_stablehlo import MaskType
     from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attention
 
+    if k.shape[2] != q.shape[2] and not packed_kv_offsets_follow_key_heads():
+        group = q.shape[2] // k.shape[2]
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     return cudnn_attention(q, k, v, q_seqlen=seqlens, kv_seqlen=seqlens, q_offsets=offsets, kv_offsets=offsets,
                            scale=1.0 / math.sqrt(q.shape[-1]), mask_type=MaskType.PADDING_CAUSAL,
                            qkv_layout="BTNH")

@@ -94,3 +94,31 @@ def test_max_segments_validated():
     with pytest.raises(ValueError, match="attention_max_segments"):
         ModelConfig.tiny(attention_max_segments=1)
     assert ModelConfig.tiny(attention_max_segments=0).attention_max_segments == 0
+
+
+def test_grouped_query_keys_are_repeated_where_jax_misplaces_their_offsets(monkeypatch):
+    """jax <= 0.10.2 scales packed kv offsets by the query's heads (jax-ml/jax#39521): there the keys and values
+    must reach cuDNN with as many heads as the queries; where jax is right they go as they are (GQA kept)."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    from learner import model as m
+
+    if tuple(int(x) for x in jax.__version__.split(".")[:3]) <= (0, 10, 2):
+        assert m.packed_kv_offsets_follow_key_heads() is False
+    seen = []
+
+    def fake(q, k, v, **kw):
+        seen.append((k.shape[2], v.shape[2], np.asarray(k[0, 0, :, 0])))
+        return jnp.zeros(q.shape, q.dtype)
+
+    monkeypatch.setattr(fa, "dot_product_attention", fake)
+    q = jnp.zeros((1, 4, 6, 8), jnp.bfloat16)
+    k = jnp.asarray(np.arange(2, dtype=np.float32).reshape(1, 1, 2, 1) * np.ones((1, 4, 2, 8)), jnp.bfloat16)
+    seqlens, offsets, _ = m.packed_segments(np.asarray([[1, 1, 2, 2]], np.int32), 4)
+    for follows, heads in ((False, 6), (True, 2)):
+        monkeypatch.setattr(m, "packed_kv_offsets_follow_key_heads", lambda f=follows: f)
+        m._cudnn_packed_attention(q, k, k, seqlens, offsets)
+        assert seen[-1][:2] == (heads, heads)
+    np.testing.assert_array_equal(seen[0][2], [0, 0, 0, 1, 1, 1])  # query head h reads kv head h // 3
