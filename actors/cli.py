@@ -173,7 +173,7 @@ def run_cmd(
     actor_id = cfg.actor_id or default_actor_id()
     cfg.actor_id = actor_id
     tok = _tokenizer(model)
-    model_config = read_config(model)
+    model_config = read_config(model, **cfg.model_overrides())
     task_list = load_task_source(tasks)
     stages = _stages(cfg, actor_id, curve_secret_key, server_public_key)
     fmt = resolve_format(cfg.agent.solution_format, stages)
@@ -253,7 +253,8 @@ def eval_cmd(
 
         policy = jax_policy_from_checkpoint(checkpoint, cfg.sampler_config(), detokenize=tok.decode, seed=cfg.seed,
                                             timing_lock=sampler_timing_lock(cfg.timing_lock,
-                                                                            cfg.timing_lock_dir or None))
+                                                                            cfg.timing_lock_dir or None),
+                                            **cfg.model_overrides())
     else:
         from actors.openai_policy import OpenAIPolicy
 

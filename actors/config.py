@@ -155,10 +155,24 @@ class ActorConfig:
     """Smallest prompt-length bucket of the sampler (tokens)."""
     sampler_decode_chunk_steps: int = 16
     """Decode steps per jitted sampler call."""
+    model_dtype: str = ""
+    """The sampler's compute dtype (learner.model.ModelConfig.dtype: "float32" or "bfloat16"); "" = what the
+    checkpoint's config.json gives (float32). `cuda-agent train` sets the run's, the learner's numerics."""
+    attention_impl: str = ""
+    """The sampler's attention (ModelConfig.attention_impl: "xla", "cudnn" or "chunked"); "" = the checkpoint's
+    default, "xla", whose prefill holds [B, H, T, T] float32 scores (42 GiB a layer for 4 prompts of 8192 tokens)."""
     agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
     stages: StagesConfig = dataclasses.field(default_factory=StagesConfig)
 
+    def model_overrides(self) -> dict:
+        """ModelConfig fields to set when the policy is loaded (learner.hf_checkpoint.read_config overrides)."""
+        return {k: v for k, v in (("dtype", self.model_dtype), ("attention_impl", self.attention_impl)) if v}
+
     def __post_init__(self) -> None:
+        _check(self.model_dtype in ("", "float32", "bfloat16"),
+               f"ActorConfig.model_dtype must be '', float32 or bfloat16, got {self.model_dtype!r}")
+        _check(self.attention_impl in ("", "xla", "cudnn", "chunked"),
+               f"ActorConfig.attention_impl must be '', xla, cudnn or chunked, got {self.attention_impl!r}")
         _check(self.concurrent_episodes >= 1, f"ActorConfig.concurrent_episodes must be >= 1, "
                                               f"got {self.concurrent_episodes}")
         _check(self.max_batch >= 1, f"ActorConfig.max_batch must be >= 1, got {self.max_batch}")

@@ -159,7 +159,7 @@ def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], 
         from actors.sampler import SamplerConfig
 
         policy = jax_policy_from_checkpoint(checkpoint, SamplerConfig(max_cache_len=max_context_tokens),
-                                            detokenize=tok.decode, seed=seed)
+                                            detokenize=tok.decode, seed=seed, **cfg.model_overrides())
         policy_name = f"checkpoint:{checkpoint}"
     else:
         if not openai_model:

@@ -35,6 +35,7 @@ def actor_config(driver, stage: str):
                                   min_new_tokens_per_turn=min(cfg.actor.agent.min_new_tokens_per_turn,
                                                               spec.max_new_tokens_per_turn))
     a.max_cache_len = spec.max_context_tokens
+    a.model_dtype, a.attention_impl = cfg.model.dtype, cfg.model.attention_impl  # the learner's numerics
     return a
 
 

@@ -477,7 +477,8 @@ class TrainDriver:
                 "--max-new-tokens", str(e.max_new_tokens_per_turn), "--max-context-tokens", str(e.max_context_tokens),
                 "--concurrency", str(max(1, min(cfg.actor.concurrent_episodes, 32))), "--format", self.fmt,
                 "--sandbox", self.sandbox_endpoint, "--out", str(out), "--seed", str(cfg.seed), "--quiet",
-                "--tag", full_tag, f"agent.skill={cfg.actor.agent.skill}"]
+                "--tag", full_tag, f"agent.skill={cfg.actor.agent.skill}",
+                f"model_dtype={cfg.model.dtype}", f"attention_impl={cfg.model.attention_impl}"]
         if e.mode == "multi_turn":
             args.append("--multi-turn")
         name = f"eval-{full_tag}"

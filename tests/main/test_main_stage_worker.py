@@ -68,3 +68,29 @@ def test_stage_models_take_the_runs_numerics_not_the_checkpoints(tmp_path):
     cfg = load_pretrained(tmp_path, **runtime_overrides(spec)).config
     assert (cfg.dtype, cfg.param_dtype, cfg.remat, cfg.remat_policy, cfg.attention_impl) == (
         "bfloat16", "float32", True, "save_dots", "chunked")
+
+
+def test_actors_and_evaluations_sample_with_the_runs_numerics(tmp_path):
+    """The actors of a PPO stage and the run's evaluations load the same Hugging Face folder; their sampler gets the
+    run's compute dtype and attention (ActorConfig.model_dtype / attention_impl), not float32 and XLA attention."""
+    import types
+
+    from actors.config import ActorConfig
+    from cuda_agent.config import load_config
+    from cuda_agent.ppo_stage import actor_config
+    from cuda_agent.train import preset_path
+    from cuda_agent.train_config import TrainConfig
+    from learner.hf_checkpoint import read_config, save_pretrained
+    from learner.model import ModelConfig, Transformer
+
+    cfg = load_config(TrainConfig, preset_path("h200"), ["preset=h200"])
+    acfg = actor_config(types.SimpleNamespace(cfg=cfg, fmt="cubin"), "multi_turn_ppo")
+    assert acfg.model_overrides() == {"dtype": "bfloat16", "attention_impl": "cudnn"}
+    save_pretrained(Transformer(ModelConfig.tiny(), nnx.Rngs(0)), tmp_path, dtype="float32")
+    loaded = read_config(tmp_path, **acfg.model_overrides())
+    assert (loaded.dtype, loaded.attention_impl) == ("bfloat16", "cudnn")
+    assert ActorConfig().model_overrides() == {}  # unset: the checkpoint's defaults, as before
+    with pytest.raises(ValueError, match="attention_impl"):
+        ActorConfig(attention_impl="flash")
+    with pytest.raises(ValueError, match="model_dtype"):
+        ActorConfig(model_dtype="fp16")
