@@ -61,7 +61,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from learner.model import ModelConfig, attend
+    from learner.model import ModelConfig, attend, packed_segments
 
     h, kh, dh = 14, 2, 64
     b, t = args.rows, args.seq
@@ -94,7 +94,8 @@ def main() -> None:
     print(json.dumps(rows[-1]), flush=True)
     for n in (int(x) for x in args.segments.split(",")):
         seg = jnp.asarray(segment_rows(b, t, n))
-        for name, c in (("dense mask", mask_cfg), ("packed layout", cfg)):
+        packed_ok = bool(packed_segments(seg, cfg.attention_max_segments)[2])
+        for name, c in (("dense mask", mask_cfg), ("packed layout" if packed_ok else "chunked XLA (not packed)", cfg)):
             try:
                 r = run(c, seg)
             except Exception as e:  # noqa: BLE001 - XLA / cuDNN raise their own types; record and go on
