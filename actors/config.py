@@ -160,7 +160,8 @@ class ActorConfig:
     checkpoint's config.json gives (float32). `cuda-agent train` sets the run's, the learner's numerics."""
     attention_impl: str = ""
     """The sampler's attention (ModelConfig.attention_impl: "xla", "cudnn" or "chunked"); "" = the checkpoint's
-    default, "xla", whose prefill holds [B, H, T, T] float32 scores (42 GiB a layer for 4 prompts of 8192 tokens)."""
+    default, "xla", whose prefill holds [B, H, T, T] float32 scores (XLA's compiled temp for one 0.5B layer, 4 prompts of 8192
+    tokens: 42 GiB, read on the CPU box)."""
     agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
     stages: StagesConfig = dataclasses.field(default_factory=StagesConfig)
 

@@ -77,10 +77,10 @@ def learner_config(cfg, stage: str):
 
 def run(args: argparse.Namespace) -> int:
     from cuda_agent.config import load_config
+    from cuda_agent.prepare import runtime_overrides
     from cuda_agent.train_config import TrainConfig
     from learner.config import ServiceConfig
     from learner.hf_checkpoint import load_critic, load_pretrained
-    from cuda_agent.prepare import runtime_overrides
     from learner.model import Critic
     from learner.service import STATUS_STOPPED, LearnerService
     from learner.tokenizer import Tokenizer

@@ -137,12 +137,12 @@ def run(args: argparse.Namespace) -> int:
     from cuda_agent.corpus import train_and_eval_tasks
     from cuda_agent.train_config import TrainConfig
     from learner import stages as lstages
+    from cuda_agent.prepare import runtime_overrides
     from learner.batch import pack_trajectories
     from learner.chat import ChatFormat
     from learner.checkpoint import LearnerCheckpointer, LearnerMeta
     from learner.config import OptimizerConfig, PPOConfig
     from learner.hf_checkpoint import load_critic, load_pretrained, save_pretrained
-    from cuda_agent.prepare import runtime_overrides
     from learner.metrics import MetricsLogger
     from learner.model import Critic
     from learner.tokenizer import Tokenizer
