@@ -345,7 +345,8 @@ class Sampler:
         chunk), which returns only once that work is done on the device: a GPU shared with a sandbox's timing
         (actors.policy.JaxPolicy passes the timing lock's shared section) waits at most one step.
         Raises ValueError for an empty prompt, an id out of range, or prompt + max_new_tokens over
-        `max_cache_len`; stop strings without a `detokenize` function.
+        `max_cache_len`; stop strings without a `detokenize` function. Raises FloatingPointError when a sampled
+        token's behaviour log-prob is not finite (NaN / inf logits: the tokens drawn from them mean nothing).
         """
         n = len(prompts)
         if n == 0:
@@ -423,6 +424,11 @@ class Sampler:
                            "batch": b, "prompt_bucket": p_len, "cache_len": cache_len,
                            "generated_tokens": int(n_gen[:n].sum()), "new_shapes": new_shapes}
         del state
+        bad = [i for i in range(n) if not np.isfinite(out_lp[i, :int(n_gen[i])]).all()]
+        if bad:
+            raise FloatingPointError(f"sampler: non-finite behaviour log-probs in {len(bad)} of {n} completions "
+                                     f"(first: prompt {bad[0]} of {lens[bad[0]]} tokens): the model's logits are "
+                                     f"NaN or inf")
         results = []
         for i in range(n):
             count = int(n_gen[i])

@@ -424,8 +424,13 @@ def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segmen
     if impl == "cudnn":
         if segment_ids is None or lengths is not None:
             seq = None if lengths is None else lengths.astype(jnp.int32)
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=seq,
-                                                key_value_seq_lengths=seq, implementation="cudnn")
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=seq,
+                                               key_value_seq_lengths=seq, implementation="cudnn")
+            if seq is None:
+                return out
+            # cuDNN leaves the rows past a length unwritten (NaN seen on the H200): a sampler's KV cache keeps the
+            # keys / values of those positions, and a weight of 0 on a NaN value is NaN in the decode's matmul
+            return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
         def dense_mask(q, k, v):
             seg_mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)

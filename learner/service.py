@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from learner import sharding, stages
-from learner.batch import pack_trajectories, reward_stats
+from learner.batch import check_trajectory, pack_trajectories, reward_stats
 from learner.buffer import TrajectoryBuffer
 from learner.checkpoint import LearnerCheckpointer, LearnerMeta
 from learner.config import LearnerConfig, ServiceConfig
@@ -104,6 +104,7 @@ class LearnerService:
         self._skip = 0
         self._origins: dict[str, _Origin] = {}
         self.counters = {"refused": 0, "over_turn_limit": 0, "trajectories_trained": 0}
+        self.refused_reasons: dict[str, int] = {}  # check_trajectory reason -> count, this process
         self.ckpt = LearnerCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.max_to_keep,
                                         cfg.checkpoint.async_save)
         self._committed_position: SpoolPosition | None = None
@@ -193,6 +194,13 @@ class LearnerService:
         for i, t in enumerate(got):
             if stages.turn_count(t) > self.max_turns:
                 self.counters["over_turn_limit"] += 1
+                continue
+            reason = check_trajectory(t, self.cfg.max_seq_len)
+            if reason is not None:  # kept in the spool and the stage store; never trained on
+                self.counters["refused"] += 1
+                self.refused_reasons[reason] = self.refused_reasons.get(reason, 0) + 1
+                log.warning("learner: trajectory %s refused (%s); %d refused so far", t.episode_id, reason,
+                            self.counters["refused"])
                 continue
             self._origins[t.episode_id] = _Origin(start, i)
             if not self.buffer.add(t):

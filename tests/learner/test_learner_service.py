@@ -178,3 +178,24 @@ def test_service_beyond_loopback_needs_curve_and_admits_only_authorised_actors(t
         assert svc.receiver.stats["stored"] == 1
     finally:
         svc.close()
+
+
+def test_service_refuses_unusable_trajectories_and_keeps_training(tmp_path):
+    # Trajectories the learner cannot train on (here: NaN behaviour log-probs, as a NaN sampler made them) are
+    # acknowledged, counted by reason and skipped; the usable ones fill the batch and the service keeps serving.
+    trained: list[str] = []
+    on_update = lambda svc, trajs, m: trained.extend(t.episode_id for t in trajs)  # noqa: E731
+    svc = LearnerService(CFG, _svc(max_updates=1), tmp_path, make_policy(), make_critic(), on_update=on_update)
+    svc.start()
+    good = _episodes(svc.policy, 8, 0, "good", seed=1)
+    bad = [dataclasses.replace(t, episode_id=f"bad-{i}", behaviour_logprobs=np.full_like(t.behaviour_logprobs, np.nan))
+           for i, t in enumerate(_episodes(svc.policy, 3, 0, "x", seed=2))]
+    with TrajectoryOutbox(svc.receiver.endpoint, actor_id="actor-1") as out:
+        for t in bad[:2] + good[:4] + bad[2:] + good[4:]:
+            out.put(t)
+        assert out.flush(timeout_s=120)
+    assert svc.run() == "done" and svc.update == 1
+    assert sorted(trained) == sorted(t.episode_id for t in good)
+    assert svc.counters["refused"] == 3 and svc.refused_reasons == {"bad_logprobs": 3}
+    assert read_jsonl(tmp_path / "metrics" / "metrics.jsonl")[-1]["learner/refused_total"] == 3
+    svc.close()

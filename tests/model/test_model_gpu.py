@@ -13,6 +13,42 @@ import pytest
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+def _poison_device_memory(n_bytes: int = 512 << 20) -> None:
+    """Fill device memory with NaN and free it, so that buffers allocated next start out NaN (XLA's allocator
+    reuses freed blocks): a kernel that leaves part of its output unwritten then shows it."""
+    import jax.numpy as jnp
+
+    poison = jnp.full((n_bytes // 4,), jnp.nan, jnp.float32)
+    poison.block_until_ready()
+    del poison
+
+
+@pytest.mark.gpu
+def test_cudnn_attention_zeroes_the_rows_past_each_length():
+    # cuDNN writes no output for query rows past a sequence length; the sampler's prefill (right padding) keeps
+    # the keys / values made from them in its KV cache, where NaN would poison every later decode step (the h200
+    # preset's first PPO rollouts all had NaN behaviour log-probs).
+    import jax
+    import jax.numpy as jnp
+
+    from learner.model import ModelConfig, attend
+
+    cfg = ModelConfig.tiny(num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", attention_impl="cudnn")
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 256, 4, 64)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((2, 256, 2, 64)), jnp.bfloat16) for _ in range(2))
+    lengths = jnp.asarray([37, 200], jnp.int32)
+    run = jax.jit(lambda q, k, v, n: attend(cfg, q, k, v, None, n))
+    ref = attend(cfg.replace(attention_impl="xla"), q, k, v, None, lengths).astype(jnp.float32)
+    for _ in range(3):
+        _poison_device_memory()
+        out = np.asarray(run(q, k, v, lengths).astype(jnp.float32))
+        assert np.isfinite(out).all()
+        assert not out[0, 37:].any() and not out[1, 200:].any()
+        np.testing.assert_allclose(out[0, :37], np.asarray(ref[0, :37]), atol=0.05)
+        np.testing.assert_allclose(out[1, :200], np.asarray(ref[1, :200]), atol=0.05)
+
+
 @pytest.mark.gpu
 def test_cudnn_attention_and_bf16_sampler_on_gpu():
     import jax
@@ -36,6 +72,7 @@ def test_cudnn_attention_and_bf16_sampler_on_gpu():
 
     sampler = Sampler(cudnn, SamplerConfig(min_prompt_bucket=64, min_cache_bucket=128))
     prompts = [rng.integers(0, 512, n).tolist() for n in (17, 64, 90)]
+    _poison_device_memory()  # the prefill's padding rows must not pick up what was there
     outs = sampler.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24), seed=0)
     diffs = []
     for prompt, out in zip(prompts, outs):

@@ -192,3 +192,14 @@ def test_bf16_sampler_close_to_bf16_learner():
     assert h32.dtype == h16.dtype == jnp.bfloat16
     diff = float(jnp.abs(h32.astype(jnp.float32) - h16.astype(jnp.float32)).max())
     assert 0 < diff < 0.2  # the residual dtype changes only the rounding
+
+
+def test_non_finite_logits_raise_instead_of_sampling_garbage():
+    # A model whose logits are NaN (as cuDNN's unwritten padding rows once made them on the H200): argmax and the
+    # categorical draw still return ids, so without the check the episode would go on with meaningless tokens.
+    graphdef, state = nnx.split(Transformer(CFG, nnx.Rngs(2)))
+    state = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    broken = Sampler(nnx.merge(graphdef, state), SCFG)
+    for temperature in (0.0, 1.0):
+        with pytest.raises(FloatingPointError, match=r"non-finite behaviour log-probs in 2 of 2 completions"):
+            broken.generate(_prompts([5, 9]), SamplingParams(temperature=temperature, max_new_tokens=4), seed=0)
