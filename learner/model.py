@@ -409,6 +409,12 @@ def _cudnn_packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, seqlens: j
                            qkv_layout="BTNH")
 
 
+def _zero_padding(x: jax.Array, valid: jax.Array) -> jax.Array:
+    """x `[B,T,N,Dh]` with the positions where valid `[B,T]` is False set to 0, by a select: its gradient is the
+    incoming one selected the same way, so NaN written (or left unwritten) there by a kernel goes no further."""
+    return jnp.where(valid[:, :, None, None], x, jnp.zeros((), x.dtype))
+
+
 def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
            lengths: jax.Array | None = None) -> jax.Array:
     """Causal self-attention over one sequence block: q `[B,T,H,Dh]`, k/v `[B,T,K,Dh]` -> `[B,T,H,Dh]`.
@@ -424,13 +430,15 @@ def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segmen
     if impl == "cudnn":
         if segment_ids is None or lengths is not None:
             seq = None if lengths is None else lengths.astype(jnp.int32)
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=seq,
-                                               key_value_seq_lengths=seq, implementation="cudnn")
             if seq is None:
-                return out
+                return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
             # cuDNN leaves the rows past a length unwritten (NaN seen on the H200): a sampler's KV cache keeps the
             # keys / values of those positions, and a weight of 0 on a NaN value is NaN in the decode's matmul
-            return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+            valid = segment_ids != 0
+            q, k, v = (_zero_padding(x, valid) for x in (q, k, v))
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=seq,
+                                               key_value_seq_lengths=seq, implementation="cudnn")
+            return _zero_padding(out, valid)
 
         def dense_mask(q, k, v):
             seg_mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
@@ -441,9 +449,13 @@ def attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segmen
             return dense_mask(q, k, v)
         seqlens, offsets, ok = packed_segments(segment_ids, config.attention_max_segments)
 
-        def packed(q, k, v):  # padding positions are left unwritten by cuDNN: zero them
-            out = _cudnn_packed_attention(q, k, v, seqlens, offsets)
-            return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
+        def packed(q, k, v):
+            # cuDNN writes neither the outputs nor, in the backward, the q / k / v gradients of padding positions
+            # (NaN on the H200: the first warm-start step's gradient was NaN). Zeroing both sides with a select
+            # makes the forward finite there and drops whatever the backward left in those rows.
+            valid = segment_ids != 0
+            q, k, v = (_zero_padding(x, valid) for x in (q, k, v))
+            return _zero_padding(_cudnn_packed_attention(q, k, v, seqlens, offsets), valid)
 
         def other_layout(q, k, v):  # memory O(T * chunk): a [B, 1, T, T] mask would be allocated even untaken
             return _attend_chunked(q, k, v, segment_ids, config.attention_chunk_size)
