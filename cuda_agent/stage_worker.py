@@ -48,6 +48,9 @@ REPLAN_TOLERANCE = 0.05
 """A new plan is made when the steps that fit differ from the plan's by more than this share."""
 REPLAN_COMPILE_S = 10.0
 """Seconds set aside for compiling the step again with the re-planned schedule."""
+MAX_NONFINITE_STEPS = 5
+"""Steps with a non-finite gradient are skipped (learner.train_step._apply); this many in a row end the stage with an
+error (exit 1): the model's numerics are broken, and a run that goes on trains nothing."""
 
 
 @dataclasses.dataclass
@@ -287,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("stage %s: %.2f s per step at step %d: %d steps fit in the time budget, schedule re-planned", stage,
                  per_step, step, total_steps)
 
+    nonfinite_run = 0
     while step < total_steps:
         key, sub = jax.random.split(key)
         for idx in lstages.minibatch_indices(batch.num_rows, spec.batch_rows, sub, 1):
@@ -301,6 +305,16 @@ def run(args: argparse.Namespace) -> int:
             ts = time.monotonic()
             state, m = step_fn(state, _micro(data, idx, micro))
             m = {k: float(v) for k, v in jax.device_get(m).items()}
+            if any(v for k, v in m.items() if k.endswith("/skipped_nonfinite")):  # not applied (train_step._apply)
+                nonfinite_run += 1
+                info[f"{stage}/skipped_nonfinite"] = info.get(f"{stage}/skipped_nonfinite", 0) + 1
+                log.warning("stage %s: step %d had a non-finite gradient and was skipped (%d in a row)", stage,
+                            step + 1, nonfinite_run)
+                if nonfinite_run >= MAX_NONFINITE_STEPS:
+                    raise FloatingPointError(f"stage {stage}: {nonfinite_run} steps in a row had a non-finite "
+                                             f"gradient (last: step {step + 1}); the model's numerics are broken")
+            else:
+                nonfinite_run = 0
             n_tok = int(np.count_nonzero(batch.segment_ids[idx]))
             tokens_done += n_tok
             step += 1

@@ -238,12 +238,19 @@ def _accumulate(loss_fn, params, batch, init_stats):
     return grads, stats
 
 
-def _apply(state: TrainState, grads) -> tuple[TrainState, Array, Array]:
+def _apply(state: TrainState, grads) -> tuple[TrainState, Array, Array, Array]:
+    """One optimiser step. A gradient that is not finite (NaN / inf anywhere: its global norm is not finite) is
+    not applied: parameters, optimiser state and step count stay as they were (one NaN step would make every
+    later parameter NaN). Returns (state, grad_norm, lr, skipped: 1.0 when the step was skipped, else 0.0)."""
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     lr = state.lr_schedule(state.step)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), grad_norm, lr
+    finite = jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    new_state = state.replace(step=jnp.where(finite, state.step + 1, state.step), params=keep(params, state.params),
+                              opt_state=keep(opt_state, state.opt_state))
+    return new_state, grad_norm, lr, 1.0 - finite.astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -258,7 +265,8 @@ def policy_train_step(state: TrainState, batch: PolicyBatch) -> tuple[TrainState
     Loss (learner.ppo): token mean of the decoupled clipped surrogate - entropy_coef * entropy
     + kl_coef * KL(pi_theta || pi_ref). Metrics (`ppo/...`): policy_loss, entropy, clip_frac, dual_clip_frac,
     approx_kl (vs proximal), ratio_mean, ratio_dev_max (max |ratio - 1|), behaviour_weight_mean,
-    behaviour_capped_frac, kl_ref, grad_norm (before clipping), lr, tokens.
+    behaviour_capped_frac, kl_ref, grad_norm (before clipping), lr, tokens, skipped_nonfinite (1.0: the step's
+    gradient was not finite and was not applied, `_apply`).
     """
     cfg = state.ppo
     mask_all = batch.seq.loss_mask
@@ -297,9 +305,9 @@ def policy_train_step(state: TrainState, batch: PolicyBatch) -> tuple[TrainState
         "policy_loss", "entropy", "clip_frac", "dual_clip_frac", "approx_kl", "ratio_mean",
         "ratio_dev_max", "behaviour_weight_mean", "behaviour_capped_frac", "kl_ref")}
     grads, stats = _accumulate(loss_fn, state.params, batch, init)
-    new_state, grad_norm, lr = _apply(state, grads)
+    new_state, grad_norm, lr, skipped = _apply(state, grads)
     metrics = {f"ppo/{k}": (v if k.endswith("_max") else v / denom) for k, v in stats.items()}
-    metrics.update({"ppo/grad_norm": grad_norm, "ppo/lr": lr, "ppo/tokens": denom})
+    metrics.update({"ppo/grad_norm": grad_norm, "ppo/lr": lr, "ppo/tokens": denom, "ppo/skipped_nonfinite": skipped})
     return new_state, metrics
 
 
@@ -307,7 +315,7 @@ def policy_train_step(state: TrainState, batch: PolicyBatch) -> tuple[TrainState
 def critic_train_step(state: TrainState, batch: CriticBatch) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step of the critic on `[M, b, T]`: token mean of the clipped value loss
     (`state.ppo.value_clip_eps`; learner.ppo.value_loss_terms). Metrics (`critic/...`): value_loss,
-    value_clip_frac, value_mean, return_mean, grad_norm, lr."""
+    value_clip_frac, value_mean, return_mean, grad_norm, lr, skipped_nonfinite (see `_apply`)."""
     cfg = state.ppo
     denom = jnp.maximum(jnp.sum(batch.seq.loss_mask.astype(jnp.float32)), 1.0)
 
@@ -325,9 +333,9 @@ def critic_train_step(state: TrainState, batch: CriticBatch) -> tuple[TrainState
 
     init = {k: jnp.zeros(()) for k in ("value_loss", "value_clip_frac", "value_mean", "return_mean")}
     grads, stats = _accumulate(loss_fn, state.params, batch, init)
-    new_state, grad_norm, lr = _apply(state, grads)
+    new_state, grad_norm, lr, skipped = _apply(state, grads)
     metrics = {f"critic/{k}": v / denom for k, v in stats.items()}
-    metrics.update({"critic/grad_norm": grad_norm, "critic/lr": lr})
+    metrics.update({"critic/grad_norm": grad_norm, "critic/lr": lr, "critic/skipped_nonfinite": skipped})
     return new_state, metrics
 
 
@@ -335,7 +343,7 @@ def critic_train_step(state: TrainState, batch: CriticBatch) -> tuple[TrainState
 def sft_train_step(state: TrainState, batch: SequenceBatch) -> tuple[TrainState, dict[str, Array]]:
     """One optimiser step of supervised fine-tuning on `[M, b, T]`: token-mean negative log-likelihood of the
     loss-mask tokens (stage 0 warm start on demonstrations, stage 2 RFT). Metrics (`sft/...`): nll, accuracy
-    (argmax == target), grad_norm, lr, tokens."""
+    (argmax == target), grad_norm, lr, tokens, skipped_nonfinite (see `_apply`)."""
     denom = jnp.maximum(jnp.sum(batch.loss_mask.astype(jnp.float32)), 1.0)
 
     def loss_fn(params, seq: SequenceBatch):
@@ -345,9 +353,9 @@ def sft_train_step(state: TrainState, batch: SequenceBatch) -> tuple[TrainState,
         return nll / denom, {"nll": nll, "accuracy": ppo.masked_sum(correct, seq.loss_mask)}
 
     grads, stats = _accumulate(loss_fn, state.params, batch, {"nll": jnp.zeros(()), "accuracy": jnp.zeros(())})
-    new_state, grad_norm, lr = _apply(state, grads)
+    new_state, grad_norm, lr, skipped = _apply(state, grads)
     metrics = {f"sft/{k}": v / denom for k, v in stats.items()}
-    metrics.update({"sft/grad_norm": grad_norm, "sft/lr": lr, "sft/tokens": denom})
+    metrics.update({"sft/grad_norm": grad_norm, "sft/lr": lr, "sft/tokens": denom, "sft/skipped_nonfinite": skipped})
     return new_state, metrics
 
 

@@ -144,6 +144,31 @@ def test_sft_step_learns_a_fixed_batch():
     assert float(m["sft/accuracy"]) > 0.5
 
 
+def test_a_step_with_a_non_finite_gradient_is_not_applied():
+    # One NaN gradient applied would make every parameter NaN from then on (the h200 warm start, where cuDNN left
+    # padding rows of the attention gradient unwritten); the step is skipped and counted instead.
+    policy = ts.create_train_state(make_policy(), OPT1, CFG)
+    seq, _ = multiturn_rollout(4, T, seed=3)
+    batch = micro(seq, 2)
+    policy, m = ts.sft_train_step(policy, batch)  # a finite step first: non-trivial Adam moments
+    assert float(m["sft/skipped_nonfinite"]) == 0.0 and int(policy.step) == 1
+    # the same batch with one token id out of range (NaN through the embedding gather's fill value)
+    bad = jax.tree.map(lambda x: x, batch)
+    tokens = np.asarray(bad.tokens).copy()
+    tokens[0, 0, 3] = 10 ** 6
+    bad = dataclasses.replace(bad, tokens=jnp.asarray(tokens))
+    before = jax.device_get((policy.params, policy.opt_state))
+    after_state, m = ts.sft_train_step(policy, bad)
+    if np.isfinite(float(m["sft/grad_norm"])):
+        pytest.skip("this jax fills an out-of-range gather with a finite value: no NaN gradient to refuse")
+    assert float(m["sft/skipped_nonfinite"]) == 1.0 and int(after_state.step) == 1
+    for a, b in zip(jax.tree.leaves(jax.device_get((after_state.params, after_state.opt_state))), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(a, b)
+    policy, m = ts.sft_train_step(after_state, batch)  # and training goes on from there
+    assert float(m["sft/skipped_nonfinite"]) == 0.0 and int(policy.step) == 2
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(policy.params))
+
+
 def test_lr_schedule_warmup_and_decay():
     _, sched = ts.make_optimizer(OptimizerConfig(lr=1.0, warmup_steps=10, decay_steps=100, schedule="linear", end_lr_ratio=0.1))
     assert float(sched(0)) == 0.0
