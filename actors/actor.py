@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator
 from actors.activity import ActivityClock
 from actors.batcher import GenerationBatcher
 from actors.config import ActorConfig
-from actors.episode import Episode, EpisodeContext, EpisodeRunner
+from actors.episode import NOT_TRAINABLE, Episode, EpisodeContext, EpisodeRunner
 from actors.sandbox_stages import SandboxStages
 from actors.weights import PolicyVersions, WeightsRefresher
 from learner.chat import ChatFormat
@@ -134,6 +134,8 @@ class Actor:
         self.by_status: collections.Counter = collections.Counter()
         self.by_version: collections.Counter = collections.Counter()
         self.rewards: list[float] = []
+        self.failures_in_a_row = 0
+        self._hold_until = 0.0  # time.monotonic(): no new episode before it (failure backoff)
         self._sink_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, tasks: Iterable[Task], max_episodes: int | None = None,
@@ -161,6 +163,8 @@ class Actor:
                        and not (stop is not None and stop.is_set())):
                     if self.versions.newest is None:
                         break  # no weights yet: wait below
+                    if time.monotonic() < self._hold_until:
+                        break  # backing off after failed episodes: wait below
                     task = next(task_iter, _END)
                     if task is _END:
                         exhausted = True
@@ -201,9 +205,11 @@ class Actor:
         except Exception:  # noqa: BLE001 - a bug in one episode must not stop the actor
             self.stats["episode_crashes"] += 1
             log.exception("actor %s: episode %s on task %s crashed", self.actor_id, episode_id, task.id)
+            self._note_ending(failed=True, why="crashed")
             return
         finally:
             self.versions.release(policy)
+        self._note_ending(failed=episode.status in NOT_TRAINABLE, why=f"{episode.status}: {episode.error}")
         self.stats["episodes"] += 1
         self.by_status[episode.status] += 1
         self.by_version[episode.policy_version] += 1
@@ -217,12 +223,26 @@ class Actor:
         if self.on_episode is not None:
             self.on_episode(episode)
 
+    def _note_ending(self, failed: bool, why: str) -> None:
+        """Failure backoff (ActorConfig.failure_backoff_s): a failed episode delays the next start, doubling per
+        failure in a row; any other ending clears it."""
+        if not failed:
+            self.failures_in_a_row, self._hold_until = 0, 0.0
+            return
+        self.failures_in_a_row += 1
+        wait_s = min(self.cfg.failure_backoff_s * 2 ** (self.failures_in_a_row - 1), self.cfg.failure_backoff_max_s)
+        if wait_s > 0:
+            self._hold_until = max(self._hold_until, time.monotonic() + wait_s)
+            self.stats["backoffs"] += 1
+            log.warning("actor %s: %d failed episodes in a row (last: %s); next episode in %.1f s", self.actor_id,
+                        self.failures_in_a_row, why[:200], wait_s)
+
     def summary(self) -> dict[str, Any]:
         """Episodes by status and weights version, mean reward, batching and the time split (seconds)."""
         n = len(self.rewards)
         return {"actor_id": self.actor_id, "episodes": self.stats["episodes"],
                 "episode_crashes": self.stats["episode_crashes"], "sink_errors": self.stats["sink_errors"],
-                "episodes_aborted": self.stats["episodes_aborted"],
+                "episodes_aborted": self.stats["episodes_aborted"], "backoffs": self.stats["backoffs"],
                 "by_status": dict(self.by_status), "by_version": {str(k): v for k, v in self.by_version.items()},
                 "mean_reward": sum(self.rewards) / n if n else None, "batcher": dict(self.batcher.stats),
                 "sandbox_calls": dict(self.ctx.stages.calls), "time": self.clock.snapshot(),

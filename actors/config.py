@@ -138,6 +138,12 @@ class ActorConfig:
     """The learner's CURVE public key file (`server.key`), with `learner_curve_secret_key`."""
     sandbox_endpoints: str = "tcp://127.0.0.1:5557"
     """Comma-separated sandbox node endpoints."""
+    failure_backoff_s: float = 1.0
+    """After an episode that ends in policy_error or sandbox_error (or crashes), new episodes start only after this
+    wait, doubled for each further such episode in a row up to `failure_backoff_max_s`; any other ending resets it.
+    A broken policy or sandbox then costs a few episodes a minute, not thousands (0 = no wait)."""
+    failure_backoff_max_s: float = 30.0
+    """The longest such wait (seconds)."""
     max_pending_trajectories: int = 1024
     """Trajectories kept until the learner acknowledges them (episodes wait beyond it)."""
     sampler_memory_fraction: Optional[float] = None
@@ -180,6 +186,9 @@ class ActorConfig:
         _check(self.gather_s >= 0, f"ActorConfig.gather_s must be >= 0, got {self.gather_s}")
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
+        _check(0 <= self.failure_backoff_s <= self.failure_backoff_max_s,
+               f"ActorConfig.failure_backoff_s must be in [0, failure_backoff_max_s], got {self.failure_backoff_s} "
+               f"(max {self.failure_backoff_max_s})")
         _check(self.max_cache_len >= 0, "ActorConfig.max_cache_len must be >= 0")
         _check(bool(self.learner_curve_secret_key) == bool(self.learner_public_key),
                "ActorConfig.learner_curve_secret_key and learner_public_key go together (both or neither)")

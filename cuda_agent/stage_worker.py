@@ -65,6 +65,30 @@ class _Seq:
     policy_version: int = 0
 
 
+class NonFiniteSteps:
+    """Counts the steps the optimiser skipped for a non-finite gradient (`*/skipped_nonfinite` in a step's metrics,
+    learner.train_step._apply) and raises FloatingPointError at MAX_NONFINITE_STEPS in a row."""
+
+    def __init__(self, stage: str, limit: int = MAX_NONFINITE_STEPS):
+        self.stage, self.limit = stage, limit
+        self.in_a_row = 0
+        self.total = 0
+
+    def observe(self, metrics: dict[str, float], step: int) -> bool:
+        """True when this step was skipped. Raises FloatingPointError when `limit` steps in a row were."""
+        if not any(v for k, v in metrics.items() if k.endswith("/skipped_nonfinite")):
+            self.in_a_row = 0
+            return False
+        self.in_a_row += 1
+        self.total += 1
+        log.warning("stage %s: step %d had a non-finite gradient and was skipped (%d in a row)", self.stage, step,
+                    self.in_a_row)
+        if self.in_a_row >= self.limit:
+            raise FloatingPointError(f"stage {self.stage}: {self.in_a_row} steps in a row had a non-finite gradient "
+                                     f"(last: step {step}); the model's numerics are broken")
+        return True
+
+
 def fitted_steps(step: int, planned: int, max_steps: int, step_s: float, left_s: float) -> int | None:
     """The total steps of a new learning-rate plan, or None to keep the current one (`planned`).
 
@@ -290,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("stage %s: %.2f s per step at step %d: %d steps fit in the time budget, schedule re-planned", stage,
                  per_step, step, total_steps)
 
-    nonfinite_run = 0
+    nonfinite = NonFiniteSteps(stage)
     while step < total_steps:
         key, sub = jax.random.split(key)
         for idx in lstages.minibatch_indices(batch.num_rows, spec.batch_rows, sub, 1):
@@ -305,16 +329,8 @@ def run(args: argparse.Namespace) -> int:
             ts = time.monotonic()
             state, m = step_fn(state, _micro(data, idx, micro))
             m = {k: float(v) for k, v in jax.device_get(m).items()}
-            if any(v for k, v in m.items() if k.endswith("/skipped_nonfinite")):  # not applied (train_step._apply)
-                nonfinite_run += 1
-                info[f"{stage}/skipped_nonfinite"] = info.get(f"{stage}/skipped_nonfinite", 0) + 1
-                log.warning("stage %s: step %d had a non-finite gradient and was skipped (%d in a row)", stage,
-                            step + 1, nonfinite_run)
-                if nonfinite_run >= MAX_NONFINITE_STEPS:
-                    raise FloatingPointError(f"stage {stage}: {nonfinite_run} steps in a row had a non-finite "
-                                             f"gradient (last: step {step + 1}); the model's numerics are broken")
-            else:
-                nonfinite_run = 0
+            if nonfinite.observe(m, step + 1):
+                info[f"{stage}/skipped_nonfinite"] = nonfinite.total
             n_tok = int(np.count_nonzero(batch.segment_ids[idx]))
             tokens_done += n_tok
             step += 1

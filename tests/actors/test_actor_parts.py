@@ -321,3 +321,49 @@ def test_learner_curve_keys_go_together(tmp_path):
     assert str(curve.server_public_key_file) == keys["server_public_key"]
     with pytest.raises(FileNotFoundError, match="server_public_key_file"):
         client_curve(keys["client_actor0_secret_key"], str(tmp_path / "missing.key"), who="actor")
+
+
+def test_actor_backs_off_after_failed_episodes(tokenizer):
+    # A policy that fails every call (the h200 preset's NaN sampler): without a backoff the actor started 13,467
+    # policy_error episodes in two minutes. With it, starts wait 0.2, 0.4, 0.8 s ... after failures in a row.
+    import threading
+
+    from _helpers import stages_for_tests
+    from actors.actor import Actor, cycle_tasks, run_actor
+    from actors.config import ActorConfig, AgentConfig
+    from learner.chat import ChatFormat
+    from actors.sandbox_stages import SandboxStages
+    from actors.weights import PolicyVersions
+    from sandbox.client import SandboxClient
+
+    class Broken:
+        version, name = 0, "broken"
+
+        def generate(self, prompts, settings):
+            raise FloatingPointError("sampler: non-finite behaviour log-probs")
+
+    class Sink:
+        def __init__(self):
+            self.statuses = []
+
+        def put(self, episode):
+            self.statuses.append(episode.status)
+
+    def run(backoff_s: float, window_s: float = 1.5):
+        cfg = ActorConfig(concurrent_episodes=1, failure_backoff_s=backoff_s, failure_backoff_max_s=10.0,
+                          agent=AgentConfig(solution_format="cpu"))
+        sink = Sink()
+        with SandboxClient(["tcp://127.0.0.1:9"]) as client:  # never asked: the policy fails first
+            actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(client, stages_for_tests()), PolicyVersions(Broken()),
+                          sink, "cpu")
+            stop = threading.Event()
+            threading.Timer(window_s, stop.set).start()
+            summary = run_actor(actor, cycle_tasks([make_task("fails")]), stop=stop)
+        return sink.statuses, summary, actor
+
+    statuses, summary, actor = run(0.2)
+    assert statuses and set(statuses) == {"policy_error"}
+    # 0.2 + 0.4 + 0.8 s of waits fit in the 1.5 s window: at most 4 episodes started
+    assert len(statuses) <= 4 and summary["backoffs"] == len(statuses) and actor.failures_in_a_row == len(statuses)
+    statuses_off, summary_off, _ = run(0.0, window_s=0.5)
+    assert len(statuses_off) > 10 and summary_off["backoffs"] == 0  # the same policy without the wait
