@@ -197,8 +197,9 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
     factors = [int(f) for f in args.factors.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    node = LocalNode(["sandbox.backend=cuda", f"queue_max={8 * len(gpus) + 8}", "log_interval_s=10"],
-                     log_path=out / "node.log")
+    workers = args.gpu_workers or len(gpus)  # several per GPU: their untimed work overlaps the exclusive timing
+    node = LocalNode(["sandbox.backend=cuda", f"workers={workers}", f"queue_max={8 * workers + 8}",
+                      "log_interval_s=10"], log_path=out / "node.log")
     rows, calibration = [], []
     try:
         with SandboxClient([node.endpoint], client_id="fleet-bench") as c:
@@ -267,12 +268,13 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
                 # the measured run gets what the warm-ups left of this bucket's share, less its drain (the larger
                 # buckets' warm-ups take tens of seconds: a share fixed before them overran the budget)
                 drain_s = min(60.0, max(10.0, 0.25 * (bucket_end - time.monotonic())))
-                load = StressConfig(mode="concurrency", concurrency=3 * len(gpus) + 2, mix=mix, deadline_s=600,
+                load = StressConfig(mode="concurrency", concurrency=3 * workers + 2, mix=mix, deadline_s=600,
                                     duration_s=max(20.0, bucket_end - time.monotonic() - drain_s), seed=args.seed,
                                     drain_s=drain_s)
                 report, _ = run_stress(c, sub, load, out_dir=out / f"bucket-{_safe(name)}")
                 src = "GPU split" if name in split else "corpus"
-                rows.append(_row(f"cubin, eager {name}, {n_sizes} task size(s) ({src})", report["run"], len(gpus)))
+                rows.append(_row(f"cubin, eager {name}, {n_sizes} task size(s) ({src}), {workers} worker(s)",
+                                 report["run"], len(gpus)))
                 # each bucket's row as soon as it is measured: a run cut by its time limit still reports
                 _print_table(rows[-1:], True)
                 (out / "fleet_bench.partial.json").write_text(json.dumps(
@@ -281,7 +283,7 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
         # the node's drain gets what --stop-s reserved, then it is killed (jobs still running then are the load's
         # last, already outside every measured row): a drain of the 600 s job deadline overran the budget
         node.stop(timeout_s=args.stop_s)
-    return {"rows": rows, "calibration": calibration, "gpus": gpus}
+    return {"rows": rows, "calibration": calibration, "gpus": gpus, "workers": workers}
 
 
 def main() -> int:
@@ -295,6 +297,8 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2", help="cpu: worker counts to measure")
     ap.add_argument("--duration-s", type=float, default=240.0, help="cpu: seconds of load per worker count")
     ap.add_argument("--budget-s", type=float, default=480.0, help="gpu: total seconds (calibration included)")
+    ap.add_argument("--gpu-workers", type=int, default=0, help="gpu: the node's verify/profile workers (0 = one per "
+                    "GPU, the node's default; more share each GPU: verification overlaps, profiles take turns)")
     ap.add_argument("--stop-s", type=float, default=20.0, help="gpu: seconds of --budget-s kept for the node's "
                     "drain at the end (then it is killed)")
     ap.add_argument("--factors", default="1,16,256", help="gpu: scales of the first shape parameter (corpus sizes "

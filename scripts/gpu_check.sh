@@ -16,7 +16,8 @@
 #   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off |
 #                      calibration_16 | no_harness_slack | none) and its time estimate (220 s)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
-#                      sandbox (200 s), noise (220 s: the defaults and NOISE_COMPARE's setting), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280),
+#                      sandbox (200 s), noise (220 s: the defaults and NOISE_COMPARE's setting), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280; FLEET_WORKERS
+#                      node workers, default one per GPU),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
 #                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), attention (90 s: cuDNN dense mask vs packed layout), stability (300 s: the same GPU-split demos
@@ -78,7 +79,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --tasks elementwise_chain,row_softmax,layer_norm,matmul --warmup-budget-s 90 --budget-s 110 \
                --total-budget-s 265 --jax-cache-dir /tmp/cuda-agent-jax-cache ${ACTOR_ARGS:-} ;;
     fleet)   run_bench fleet $(( ${FLEET_BUDGET_S:-280} + 20 )) python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" \
-               --budget-s "${FLEET_BUDGET_S:-280}" ;;
+               --budget-s "${FLEET_BUDGET_S:-280}" --gpu-workers "${FLEET_WORKERS:-0}" ;;
     overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \
                --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
