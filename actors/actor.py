@@ -135,6 +135,7 @@ class Actor:
         self.by_version: collections.Counter = collections.Counter()
         self.rewards: list[float] = []
         self.failures_in_a_row = 0
+        self._backoff_steps = 0  # backoffs in a row: the next wait is failure_backoff_s * 2 ** this
         self._hold_until = 0.0  # time.monotonic(): no new episode before it (failure backoff)
         self._sink_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -224,18 +225,23 @@ class Actor:
             self.on_episode(episode)
 
     def _note_ending(self, failed: bool, why: str) -> None:
-        """Failure backoff (ActorConfig.failure_backoff_s): a failed episode delays the next start, doubling per
-        failure in a row; any other ending clears it."""
+        """Failure backoff (ActorConfig.failure_backoff_s): a failed episode delays the next start; the wait doubles
+        with each further backoff in a row, up to failure_backoff_max_s. Failures that end while a wait is running
+        (the other running episodes of the same outage) are counted but do not lengthen it. Any other ending clears
+        it."""
         if not failed:
-            self.failures_in_a_row, self._hold_until = 0, 0.0
+            self.failures_in_a_row, self._backoff_steps, self._hold_until = 0, 0, 0.0
             return
         self.failures_in_a_row += 1
-        wait_s = min(self.cfg.failure_backoff_s * 2 ** (self.failures_in_a_row - 1), self.cfg.failure_backoff_max_s)
-        if wait_s > 0:
-            self._hold_until = max(self._hold_until, time.monotonic() + wait_s)
-            self.stats["backoffs"] += 1
-            log.warning("actor %s: %d failed episodes in a row (last: %s); next episode in %.1f s", self.actor_id,
-                        self.failures_in_a_row, why[:200], wait_s)
+        now = time.monotonic()
+        if self.cfg.failure_backoff_s <= 0 or now < self._hold_until:
+            return
+        wait_s = min(self.cfg.failure_backoff_s * 2.0 ** min(self._backoff_steps, 62), self.cfg.failure_backoff_max_s)
+        self._backoff_steps += 1
+        self._hold_until = now + wait_s
+        self.stats["backoffs"] += 1
+        log.warning("actor %s: %d failed episodes in a row (last: %s); next episode in %.1f s", self.actor_id,
+                    self.failures_in_a_row, why[:200], wait_s)
 
     def summary(self) -> dict[str, Any]:
         """Episodes by status and weights version, mean reward, batching and the time split (seconds)."""

@@ -140,8 +140,10 @@ class ActorConfig:
     """Comma-separated sandbox node endpoints."""
     failure_backoff_s: float = 1.0
     """After an episode that ends in policy_error or sandbox_error (or crashes), new episodes start only after this
-    wait, doubled for each further such episode in a row up to `failure_backoff_max_s`; any other ending resets it.
-    A broken policy or sandbox then costs a few episodes a minute, not thousands (0 = no wait)."""
+    wait (seconds), doubled for each further wait in a row up to `failure_backoff_max_s`; failures that end during a
+    wait (the rest of the same burst) do not lengthen it, and any other ending resets it. A broken policy or sandbox
+    then costs at most `concurrent_episodes` episodes per wait, not thousands a minute (0 = no wait; evaluations
+    run without one: `cuda_agent.eval.eval_actor_config`)."""
     failure_backoff_max_s: float = 30.0
     """The longest such wait (seconds)."""
     max_pending_trajectories: int = 1024

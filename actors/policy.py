@@ -20,7 +20,7 @@ import itertools
 import time
 from typing import Any, Iterator, Protocol, Sequence
 
-from actors.sampler import Completion, Sampler, SamplingParams
+from actors.sampler import Completion, NonFiniteLogprobs, Sampler, SamplingParams
 
 
 class Policy(Protocol):
@@ -51,8 +51,14 @@ class JaxPolicy:
         under the lock held shared, so that a sandbox worker timing a kernel on the same GPU has the device to
         itself: a step waits while a timer holds or wants it, and the timer waits for one step at most."""
         seed = next(self._seeds) % (1 << 31)
-        return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed,
-                                     gpu_step=None if self.timing_lock is None else self._gpu_step)
+        try:
+            return self.sampler.generate([list(p) for p in prompts], list(settings), seed=seed,
+                                         gpu_step=None if self.timing_lock is None else self._gpu_step)
+        except NonFiniteLogprobs as e:  # only the rows at fault end policy_error
+            out: list = list(e.completions)
+            for i in e.rows:
+                out[i] = FloatingPointError(f"{e} (this prompt's completion)")
+            return out
 
     @contextlib.contextmanager
     def _gpu_step(self) -> Iterator[None]:

@@ -215,6 +215,19 @@ def _prefill(params: dict, tokens: jax.Array, lengths: jax.Array, *, config: Mod
     return kv, logits
 
 
+class NonFiniteLogprobs(FloatingPointError):
+    """Raised by `Sampler.generate` when some completions have a non-finite behaviour log-prob.
+
+    rows: the prompt indices at fault; completions: every prompt's completion, in prompt order (the others are
+    usable); prompt_tokens: the faulty prompts' lengths.
+    """
+
+    def __init__(self, rows: list[int], completions: list, prompt_tokens: list[int]):
+        self.rows, self.completions = rows, completions
+        super().__init__(f"sampler: non-finite behaviour log-probs in {len(rows)} of {len(completions)} completions "
+                         f"(first: prompt {rows[0]} of {prompt_tokens[0]} tokens): the model's logits are NaN or inf")
+
+
 def _sample(logits: jax.Array, sampling: dict, key: jax.Array, truncate: bool):
     """logits `[B, V]` float32 -> (tokens `[B]` int32, behaviour log-probs `[B]` float32)."""
     temperature = sampling["temperature"]
@@ -345,8 +358,9 @@ class Sampler:
         chunk), which returns only once that work is done on the device: a GPU shared with a sandbox's timing
         (actors.policy.JaxPolicy passes the timing lock's shared section) waits at most one step.
         Raises ValueError for an empty prompt, an id out of range, or prompt + max_new_tokens over
-        `max_cache_len`; stop strings without a `detokenize` function. Raises FloatingPointError when a sampled
-        token's behaviour log-prob is not finite (NaN / inf logits: the tokens drawn from them mean nothing).
+        `max_cache_len`; stop strings without a `detokenize` function. Raises NonFiniteLogprobs (a
+        FloatingPointError) when a sampled token's behaviour log-prob is not finite (NaN / inf logits: the tokens
+        drawn from them mean nothing); it carries the rows at fault and every row's completion.
         """
         n = len(prompts)
         if n == 0:
@@ -425,10 +439,6 @@ class Sampler:
                            "generated_tokens": int(n_gen[:n].sum()), "new_shapes": new_shapes}
         del state
         bad = [i for i in range(n) if not np.isfinite(out_lp[i, :int(n_gen[i])]).all()]
-        if bad:
-            raise FloatingPointError(f"sampler: non-finite behaviour log-probs in {len(bad)} of {n} completions "
-                                     f"(first: prompt {bad[0]} of {lens[bad[0]]} tokens): the model's logits are "
-                                     f"NaN or inf")
         results = []
         for i in range(n):
             count = int(n_gen[i])
@@ -439,6 +449,8 @@ class Sampler:
                 reason = FINISH_STOP_TOKEN
             results.append(Completion(out_tokens[i, :count].tolist(), np.asarray(out_lp[i, :count], np.float32),
                                       reason))
+        if bad:
+            raise NonFiniteLogprobs(bad, results, [lens[i] for i in bad])
         return results
 
     def shape_key(self, n: int, longest_prompt: int, longest_total: int, longest_new: int) -> tuple[int, int, int]:

@@ -121,7 +121,8 @@ def eval_actor_config(*, seed: int, concurrent_episodes: int, mode: str, max_tur
         f"agent.mode={mode}", f"agent.max_turns={1 if mode == 'single_turn' else max_turns}",
         f"agent.temperature={temperature}", f"agent.max_new_tokens_per_turn={max_new_tokens}",
         f"agent.max_context_tokens={max_context_tokens}", f"agent.solution_format={fmt}", "stages.priority=0",
-        "actor_id=eval", *actor_overrides])
+        # a finite task list: a failing policy or endpoint ends each episode at once (no waits between them)
+        "actor_id=eval", "failure_backoff_s=0", *actor_overrides])
 
 
 def run_evaluation(*, tasks: list, out_dir: Path, sandbox_endpoints: List[str], checkpoint: Optional[Path] = None,

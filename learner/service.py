@@ -49,6 +49,9 @@ from protocol.weights_channel import WeightsPublisher
 log = logging.getLogger(__name__)
 
 STATUS_DONE, STATUS_STOPPED, STATUS_TIME_BUDGET = "done", "stopped", "time_budget"
+MAX_NONFINITE_UPDATES = 3
+"""Updates in a row whose every policy step was skipped for a non-finite gradient before `step` raises
+FloatingPointError (the stage fails, and a restart resumes from the last checkpoint)."""
 
 
 @dataclasses.dataclass
@@ -104,7 +107,8 @@ class LearnerService:
         self._skip = 0
         self._origins: dict[str, _Origin] = {}
         self.counters = {"refused": 0, "over_turn_limit": 0, "trajectories_trained": 0}
-        self.refused_reasons: dict[str, int] = {}  # check_trajectory reason -> count, this process
+        self.refused_reasons: dict[str, int] = {}  # check_trajectory reason -> count (kept in checkpoints)
+        self.nonfinite_updates = 0  # updates in a row whose every optimiser step was skipped (non-finite gradient)
         self.ckpt = LearnerCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.max_to_keep,
                                         cfg.checkpoint.async_save)
         self._committed_position: SpoolPosition | None = None
@@ -135,6 +139,7 @@ class LearnerService:
         if meta.key() is not None:
             self.key = meta.key()
         self.counters.update(meta.extra.get("counters", {}))
+        self.refused_reasons.update(meta.extra.get("refused_reasons", {}))
         log.info("learner: resumed at update %d, weights version %d, spool %s (+%d)", self.update, self.version,
                  self._read_pos, self._skip)
 
@@ -154,7 +159,8 @@ class LearnerService:
             self.receiver.spool.release(self._committed_position)
         pos = self.data_position()
         meta = LearnerMeta(update=self.update, policy_version=self.version, stage=self.stage, data_position=pos,
-                           rng_key=LearnerMeta.key_data(self.key), extra={"counters": dict(self.counters)})
+                           rng_key=LearnerMeta.key_data(self.key), extra={"counters": dict(self.counters),
+                                                             "refused_reasons": dict(self.refused_reasons)})
         self.ckpt.save(self.update, policy=self.policy, critic=self.critic, reference=self.reference, meta=meta,
                        force=True)
         self._committed_position = SpoolPosition(pos["segment"], pos["offset"])
@@ -231,6 +237,15 @@ class LearnerService:
         self.update += 1
         self.version += 1
         self.counters["trajectories_trained"] += len(packed.episode_ids)
+        if m.get("ppo/skipped_nonfinite", 0.0) >= 1.0:  # no step of this update was applied (train_step._apply)
+            self.nonfinite_updates += 1
+            log.warning("learner: update %d: every policy step had a non-finite gradient and was skipped (%d updates "
+                        "in a row)", self.update, self.nonfinite_updates)
+            if self.nonfinite_updates >= MAX_NONFINITE_UPDATES:
+                raise FloatingPointError(f"learner: {self.nonfinite_updates} updates in a row had only non-finite "
+                                         f"gradients (last: update {self.update}); the model's numerics are broken")
+        else:
+            self.nonfinite_updates = 0
         if self.update % self.cfg.publish_every_updates == 0:
             m["publish/blocked_s"] = self.publisher.submit(self.version, self.policy.params)
         lags = self.version - 1 - packed.policy_versions
@@ -240,6 +255,7 @@ class LearnerService:
             "learner/policy_lag_mean": float(np.mean(lags)), "learner/policy_lag_max": float(np.max(lags)),
             "learner/dropped_stale_total": self.buffer.stats["dropped_stale"],
             "learner/refused_total": self.counters["refused"],
+            **{f"learner/refused_{k}_total": v for k, v in self.refused_reasons.items()},
             "learner/over_turn_limit_total": self.counters["over_turn_limit"],
             "learner/buffer_size": len(self.buffer), "learner/rows": packed.num_rows,
             "learner/tokens": packed.num_tokens,

@@ -349,13 +349,14 @@ def test_actor_backs_off_after_failed_episodes(tokenizer):
         def put(self, episode):
             self.statuses.append(episode.status)
 
-    def run(backoff_s: float, window_s: float = 1.5):
-        cfg = ActorConfig(concurrent_episodes=1, failure_backoff_s=backoff_s, failure_backoff_max_s=10.0,
+    def run(backoff_s: float, window_s: float = 1.5, concurrent: int = 1, backoff_steps: int = 0):
+        cfg = ActorConfig(concurrent_episodes=concurrent, failure_backoff_s=backoff_s, failure_backoff_max_s=10.0,
                           agent=AgentConfig(solution_format="cpu"))
         sink = Sink()
         with SandboxClient(["tcp://127.0.0.1:9"]) as client:  # never asked: the policy fails first
             actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(client, stages_for_tests()), PolicyVersions(Broken()),
                           sink, "cpu")
+            actor._backoff_steps = backoff_steps
             stop = threading.Event()
             threading.Timer(window_s, stop.set).start()
             summary = run_actor(actor, cycle_tasks([make_task("fails")]), stop=stop)
@@ -367,3 +368,11 @@ def test_actor_backs_off_after_failed_episodes(tokenizer):
     assert len(statuses) <= 4 and summary["backoffs"] == len(statuses) and actor.failures_in_a_row == len(statuses)
     statuses_off, summary_off, _ = run(0.0, window_s=0.5)
     assert len(statuses_off) > 10 and summary_off["backoffs"] == 0  # the same policy without the wait
+    # 4 episodes failing together are one burst: one wait of 0.2 s, not 0.2 * 2 ** 3
+    statuses, summary, actor = run(0.2, window_s=0.5, concurrent=4)
+    assert summary["backoffs"] >= 1 and len(statuses) >= 4 * summary["backoffs"] - 3
+    assert actor._backoff_steps == summary["backoffs"] <= 2
+    # a long outage: the wait stays at its cap (2 ** 2000 would not fit a float), episodes still reach the sink
+    statuses, summary, actor = run(0.2, window_s=0.5, backoff_steps=2000)
+    assert statuses == ["policy_error"] and summary["backoffs"] == 1
+    assert 9.0 < actor._hold_until - time.monotonic() <= 10.0

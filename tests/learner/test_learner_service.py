@@ -197,5 +197,32 @@ def test_service_refuses_unusable_trajectories_and_keeps_training(tmp_path):
     assert svc.run() == "done" and svc.update == 1
     assert sorted(trained) == sorted(t.episode_id for t in good)
     assert svc.counters["refused"] == 3 and svc.refused_reasons == {"bad_logprobs": 3}
-    assert read_jsonl(tmp_path / "metrics" / "metrics.jsonl")[-1]["learner/refused_total"] == 3
+    row = read_jsonl(tmp_path / "metrics" / "metrics.jsonl")[-1]
+    assert row["learner/refused_total"] == 3 and row["learner/refused_bad_logprobs_total"] == 3
+    svc.close()
+
+
+def test_service_stops_after_updates_with_only_non_finite_gradients(tmp_path):
+    # A policy whose parameters went NaN: every optimiser step is skipped (parameters kept), and after
+    # MAX_NONFINITE_UPDATES such updates in a row the service raises instead of publishing the same weights forever.
+    from flax import nnx
+
+    from learner.service import MAX_NONFINITE_UPDATES
+
+    from learner.train_step import create_train_state
+
+    eps = _episodes(create_train_state(make_policy(), CFG.policy_optim, CFG.ppo), 8 * MAX_NONFINITE_UPDATES, 0, "n",
+                    seed=4)  # sampled by a healthy policy: finite behaviour log-probs
+    graphdef, state = nnx.split(make_policy())
+    state = jax.tree.map(lambda x: x * np.nan if np.issubdtype(x.dtype, np.floating) else x, state)
+    svc = LearnerService(CFG, _svc(max_updates=MAX_NONFINITE_UPDATES + 2), tmp_path, nnx.merge(graphdef, state),
+                         make_critic())
+    svc.start()
+    with TrajectoryOutbox(svc.receiver.endpoint, actor_id="actor-1") as out:
+        for t in eps:
+            out.put(t)
+        assert out.flush(timeout_s=120)
+    with pytest.raises(FloatingPointError, match=f"{MAX_NONFINITE_UPDATES} updates in a row had only non-finite"):
+        svc.run()
+    assert svc.update == MAX_NONFINITE_UPDATES
     svc.close()

@@ -201,5 +201,19 @@ def test_non_finite_logits_raise_instead_of_sampling_garbage():
     state = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
     broken = Sampler(nnx.merge(graphdef, state), SCFG)
     for temperature in (0.0, 1.0):
-        with pytest.raises(FloatingPointError, match=r"non-finite behaviour log-probs in 2 of 2 completions"):
+        with pytest.raises(sampler_mod.NonFiniteLogprobs, match=r"non-finite behaviour log-probs in 2 of 2 completions") as e:
             broken.generate(_prompts([5, 9]), SamplingParams(temperature=temperature, max_new_tokens=4), seed=0)
+        assert e.value.rows == [0, 1] and len(e.value.completions) == 2
+
+
+def test_only_the_rows_with_non_finite_logprobs_fail_in_the_policy():
+    # One NaN embedding row: the prompt that holds that token fails, the other row of the same batch is delivered.
+    from actors.policy import JaxPolicy
+
+    graphdef, state = nnx.split(Transformer(CFG, nnx.Rngs(2)))
+    state["backbone"]["embed"][...] = state["backbone"]["embed"][...].at[7].set(jnp.nan)
+    policy = JaxPolicy(Sampler(nnx.merge(graphdef, state), SCFG), version=1)
+    prompts = [[1, 2, 7, 3], [1, 2, 4, 3]]
+    out = policy.generate(prompts, [SamplingParams(temperature=0.0, max_new_tokens=4)] * 2)
+    assert isinstance(out[0], FloatingPointError) and "1 of 2 completions" in str(out[0])
+    assert 7 not in out[1].tokens and len(out[1].tokens) == 4 and np.isfinite(out[1].logprobs).all()
