@@ -22,7 +22,9 @@
 #                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), attention (90 s: cuDNN dense mask vs packed layout), stability (300 s: the same GPU-split demos
 #                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured, the whole filter,
-#                      GPUSPLIT_WORKERS workers, default 16)
+#                      GPUSPLIT_WORKERS workers, default 16), h200train (TRAIN_BUDGET_S, default 480: `cuda-agent train
+#                      --preset h200` with short budgets, TRAIN_ARGS more overrides; the run folder less its weights
+#                      comes back as h200run.tar.gz)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
 mkdir -p "$out"
@@ -95,6 +97,17 @@ for b in ${GPU_BENCHES:-sandbox}; do
                  --device cuda --workers "${GPUSPLIT_WORKERS:-16}" --no-dedup --out "$out/gpu_${s}_measured.jsonl" \
                  --rejected "$out/gpu_${s}_off_window.jsonl"
              done ;;
+    h200train)  # the main job's h200 preset with budgets that fit one 10-minute command (TRAIN_BUDGET_S, default 480)
+             run_bench h200train "${TRAIN_BUDGET_S:-480}" python3 -m cuda_agent.cli train --preset h200 --quiet \
+               --run-dir /tmp/h200run stages.warm_start.steps=400 stages.warm_start.time_budget_s=60 \
+               stages.single_turn_ppo.time_budget_s=80 stages.single_turn_ppo.max_new_tokens_per_turn=1024 \
+               stages.rft.time_budget_s=15 stages.value_pretrain.time_budget_s=15 stages.multi_turn_ppo.time_budget_s=70 \
+               stages.multi_turn_ppo.max_turns=2 stages.multi_turn_ppo.max_new_tokens_per_turn=1024 \
+               tasks.max_eval_tasks=4 eval.max_new_tokens_per_turn=1024 supervision.ready_timeout_s=200 ${TRAIN_ARGS:-}
+             # what explains the run, without the weights, spools and stored trajectories (16 MiB a returned file)
+             tar -C /tmp/h200run -czf "$out/h200run.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
+               --exclude=ckpt --exclude=spool --exclude=stages --exclude='*.safetensors' . 2>/dev/null
+             ls -la "$out/h200run.tar.gz" >> "$out/benches.txt" ;;
     none) ;;
     *) echo "unknown benchmark $b" | tee -a "$out/benches.txt" ;;
   esac
