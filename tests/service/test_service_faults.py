@@ -35,11 +35,13 @@ def test_worker_killed_mid_job_is_replaced_and_a_poisoned_job_is_answered(tmp_pa
         with SandboxClient([node.endpoint], heartbeat_s=0.2) as c:
             assert c.wait_for_nodes(timeout_s=60)
             # 1. killed once mid-job: the job goes back to the queue and runs again on the new worker
-            # long enough to be still running at the kill on a loaded box: 60 repetitions, no early stop (a settled
+            # long enough to be still running at the kill on a loaded box: 100 repetitions, no early stop (a settled
             # milestone would end the profile after 8 and the kill could land between two jobs)
-            fut = c.submit(job(sols["slow"], salt=uuid.uuid4().hex, settings=dict(QUICK, reps=60, early_stop_reps=0)))
-            pid = _running_pid(c, node.endpoint, set())
+            # the two others are queued behind it before it starts, so the kill follows its start at once (waiting
+            # for them after the start let a quiet box finish the slow job before the kill: CI-box flake, session 16)
+            fut = c.submit(job(sols["slow"], salt=uuid.uuid4().hex, settings=dict(QUICK, reps=100, early_stop_reps=0)))
             queued = [c.submit(job(sols[k], salt=uuid.uuid4().hex)) for k in ("fast", "wrong")]
+            pid = _running_pid(c, node.endpoint, set())
             wait_until(lambda: node_status(c, node.endpoint)["queued"] == 2, 10, "two jobs queued behind it")
             os.kill(pid, signal.SIGKILL)
             res = fut.result(timeout=180)
