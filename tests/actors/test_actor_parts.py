@@ -323,18 +323,12 @@ def test_learner_curve_keys_go_together(tmp_path):
         client_curve(keys["client_actor0_secret_key"], str(tmp_path / "missing.key"), who="actor")
 
 
-def test_actor_backs_off_after_failed_episodes(tokenizer):
-    # A policy that fails every call (the h200 preset's NaN sampler): without a backoff the actor started 13,467
-    # policy_error episodes in two minutes. With it, starts wait 0.2, 0.4, 0.8 s ... after failures in a row.
-    import threading
-
+def _failing_actor(tokenizer, client, **cfg):
     from _helpers import stages_for_tests
-    from actors.actor import Actor, cycle_tasks, run_actor
+    from actors.actor import Actor
     from actors.config import ActorConfig, AgentConfig
-    from learner.chat import ChatFormat
     from actors.sandbox_stages import SandboxStages
-    from actors.weights import PolicyVersions
-    from sandbox.client import SandboxClient
+    from learner.chat import ChatFormat
 
     class Broken:
         version, name = 0, "broken"
@@ -349,30 +343,56 @@ def test_actor_backs_off_after_failed_episodes(tokenizer):
         def put(self, episode):
             self.statuses.append(episode.status)
 
-    def run(backoff_s: float, window_s: float = 1.5, concurrent: int = 1, backoff_steps: int = 0):
-        cfg = ActorConfig(concurrent_episodes=concurrent, failure_backoff_s=backoff_s, failure_backoff_max_s=10.0,
-                          agent=AgentConfig(solution_format="cpu"))
-        sink = Sink()
-        with SandboxClient(["tcp://127.0.0.1:9"]) as client:  # never asked: the policy fails first
-            actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(client, stages_for_tests()), PolicyVersions(Broken()),
-                          sink, "cpu")
-            actor._backoff_steps = backoff_steps
-            stop = threading.Event()
-            threading.Timer(window_s, stop.set).start()
-            summary = run_actor(actor, cycle_tasks([make_task("fails")]), stop=stop)
-        return sink.statuses, summary, actor
+    sink = Sink()
+    config = ActorConfig(failure_backoff_max_s=10.0, agent=AgentConfig(solution_format="cpu"), **cfg)
+    return Actor(config, ChatFormat(tokenizer), SandboxStages(client, stages_for_tests()), PolicyVersions(Broken()),
+                 sink, "cpu"), sink
 
-    statuses, summary, actor = run(0.2)
-    assert statuses and set(statuses) == {"policy_error"}
-    # 0.2 + 0.4 + 0.8 s of waits fit in the 1.5 s window: at most 4 episodes started
-    assert len(statuses) <= 4 and summary["backoffs"] == len(statuses) and actor.failures_in_a_row == len(statuses)
-    statuses_off, summary_off, _ = run(0.0, window_s=0.5)
-    assert len(statuses_off) > 10 and summary_off["backoffs"] == 0  # the same policy without the wait
-    # 4 episodes failing together are one burst: one wait of 0.2 s, not 0.2 * 2 ** 3
-    statuses, summary, actor = run(0.2, window_s=0.5, concurrent=4)
-    assert summary["backoffs"] >= 1 and len(statuses) >= 4 * summary["backoffs"] - 3
-    assert actor._backoff_steps == summary["backoffs"] <= 2
-    # a long outage: the wait stays at its cap (2 ** 2000 would not fit a float), episodes still reach the sink
-    statuses, summary, actor = run(0.2, window_s=0.5, backoff_steps=2000)
-    assert statuses == ["policy_error"] and summary["backoffs"] == 1
-    assert 9.0 < actor._hold_until - time.monotonic() <= 10.0
+
+def test_actor_backs_off_after_failed_episodes(tokenizer):
+    # A policy that fails every call (the h200 preset's NaN sampler): without a backoff the actor started 13,467
+    # policy_error episodes in two minutes. With it, starts wait 0.2, 0.4, 0.8 s ... after failures in a row.
+    import threading
+
+    from actors.actor import cycle_tasks, run_actor
+    from sandbox.client import SandboxClient
+
+    with SandboxClient(["tcp://127.0.0.1:9"]) as client:  # never asked: the policy fails first
+        actor, sink = _failing_actor(tokenizer, client, concurrent_episodes=1, failure_backoff_s=0.2)
+        stop = threading.Event()
+        threading.Timer(1.5, stop.set).start()
+        summary = run_actor(actor, cycle_tasks([make_task("fails")]), stop=stop)
+        assert sink.statuses and set(sink.statuses) == {"policy_error"}
+        # 0.2 + 0.4 + 0.8 s of waits fit in the 1.5 s window: at most 4 episodes started (a slower box starts fewer)
+        assert len(sink.statuses) <= 4 and summary["backoffs"] == len(sink.statuses) == actor.failures_in_a_row
+        # the same policy without the wait: 20 episodes, no backoff
+        actor, sink = _failing_actor(tokenizer, client, concurrent_episodes=1, failure_backoff_s=0.0)
+        summary = run_actor(actor, cycle_tasks([make_task("fails")]), max_episodes=20)
+        assert len(sink.statuses) == 20 and summary["backoffs"] == 0
+
+
+def test_backoff_counts_a_burst_once_doubles_per_wait_and_is_capped(tokenizer):
+    from sandbox.client import SandboxClient
+
+    def wait_set_by(fail_times: int) -> float:
+        """Fail `fail_times` episodes; the wait the first of them set, read off the hold (exact up to the calls' own
+        time, which is bounded on both sides)."""
+        t0 = time.monotonic()
+        for _ in range(fail_times):
+            actor._note_ending(failed=True, why="policy_error")
+        t1 = time.monotonic()
+        lo, hi = actor._hold_until - t1, actor._hold_until - t0
+        return lo, hi
+
+    with SandboxClient(["tcp://127.0.0.1:9"]) as client:
+        actor, _ = _failing_actor(tokenizer, client, concurrent_episodes=4, failure_backoff_s=0.2)
+        lo, hi = wait_set_by(4)  # four running episodes of one outage end together: one wait of 0.2 s, not 0.2 * 2 ** 3
+        assert (actor.stats["backoffs"], actor.failures_in_a_row) == (1, 4) and lo <= 0.2 <= hi + 1e-9
+        actor._hold_until = 0.0  # the wait is over: the next failure doubles it
+        lo, hi = wait_set_by(1)
+        assert actor.stats["backoffs"] == 2 and lo <= 0.4 <= hi + 1e-9
+        actor._hold_until, actor._backoff_steps = 0.0, 2000  # a long outage: capped, and 2 ** 2000 fits no float
+        lo, hi = wait_set_by(1)
+        assert lo <= 10.0 <= hi + 1e-9
+        actor._note_ending(failed=False, why="ok")  # any other ending clears it
+        assert (actor.failures_in_a_row, actor._backoff_steps, actor._hold_until) == (0, 0, 0.0)
