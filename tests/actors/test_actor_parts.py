@@ -374,9 +374,9 @@ def test_actor_backs_off_after_failed_episodes(tokenizer):
 def test_backoff_counts_a_burst_once_doubles_per_wait_and_is_capped(tokenizer):
     from sandbox.client import SandboxClient
 
-    def wait_set_by(fail_times: int) -> float:
-        """Fail `fail_times` episodes; the wait the first of them set, read off the hold (exact up to the calls' own
-        time, which is bounded on both sides)."""
+    def wait_set_by(fail_times: int) -> tuple[float, float]:
+        """Fail `fail_times` episodes; bounds (lo, hi) on the wait the first of them set, read off the hold: the
+        calls' own time is all that separates them."""
         t0 = time.monotonic()
         for _ in range(fail_times):
             actor._note_ending(failed=True, why="policy_error")
