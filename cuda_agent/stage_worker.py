@@ -50,7 +50,7 @@ REPLAN_COMPILE_S = 10.0
 """Seconds set aside for compiling the step again with the re-planned schedule."""
 MAX_NONFINITE_STEPS = 5
 """Steps with a non-finite gradient are skipped (learner.train_step._apply); this many in a row end the stage with an
-error (exit 1): the model's numerics are broken, and a run that goes on trains nothing."""
+error (exit 1, learner.train_step.NonFiniteRun): a run that goes on trains nothing."""
 
 
 @dataclasses.dataclass
@@ -63,30 +63,6 @@ class _Seq:
     behaviour_logprobs: np.ndarray
     reward: float = 0.0
     policy_version: int = 0
-
-
-class NonFiniteSteps:
-    """Counts the steps the optimiser skipped for a non-finite gradient (`*/skipped_nonfinite` in a step's metrics,
-    learner.train_step._apply) and raises FloatingPointError at MAX_NONFINITE_STEPS in a row."""
-
-    def __init__(self, stage: str, limit: int = MAX_NONFINITE_STEPS):
-        self.stage, self.limit = stage, limit
-        self.in_a_row = 0
-        self.total = 0
-
-    def observe(self, metrics: dict[str, float], step: int) -> bool:
-        """True when this step was skipped. Raises FloatingPointError when `limit` steps in a row were."""
-        if not any(v for k, v in metrics.items() if k.endswith("/skipped_nonfinite")):
-            self.in_a_row = 0
-            return False
-        self.in_a_row += 1
-        self.total += 1
-        log.warning("stage %s: step %d had a non-finite gradient and was skipped (%d in a row)", self.stage, step,
-                    self.in_a_row)
-        if self.in_a_row >= self.limit:
-            raise FloatingPointError(f"stage {self.stage}: {self.in_a_row} steps in a row had a non-finite gradient "
-                                     f"(last: step {step}); the model's numerics are broken")
-        return True
 
 
 def fitted_steps(step: int, planned: int, max_steps: int, step_s: float, left_s: float) -> int | None:
@@ -173,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     from learner.metrics import MetricsLogger
     from learner.model import Critic
     from learner.tokenizer import Tokenizer
-    from learner.train_step import (CriticBatch, SequenceBatch, create_train_state, critic_train_step, make_optimizer,
-                                    sft_train_step)
+    from learner.train_step import (CriticBatch, NonFiniteRun, SequenceBatch, create_train_state, critic_train_step,
+                                    make_optimizer, sft_train_step)
 
     run_dir = Path(args.run_dir)
     cfg = load_config(TrainConfig, run_dir / "config.yaml")
@@ -314,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("stage %s: %.2f s per step at step %d: %d steps fit in the time budget, schedule re-planned", stage,
                  per_step, step, total_steps)
 
-    nonfinite = NonFiniteSteps(stage)
+    nonfinite = NonFiniteRun(f"stage {stage}", "step", MAX_NONFINITE_STEPS)
     while step < total_steps:
         key, sub = jax.random.split(key)
         for idx in lstages.minibatch_indices(batch.num_rows, spec.batch_rows, sub, 1):
@@ -329,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
             ts = time.monotonic()
             state, m = step_fn(state, _micro(data, idx, micro))
             m = {k: float(v) for k, v in jax.device_get(m).items()}
-            if nonfinite.observe(m, step + 1):
+            if nonfinite.observe(any(v for k, v in m.items() if k.endswith("/skipped_nonfinite")), step + 1):
                 info[f"{stage}/skipped_nonfinite"] = nonfinite.total
             n_tok = int(np.count_nonzero(batch.segment_ids[idx]))
             tokens_done += n_tok

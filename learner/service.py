@@ -39,7 +39,7 @@ from learner.checkpoint import LearnerCheckpointer, LearnerMeta
 from learner.config import LearnerConfig, ServiceConfig
 from learner.metrics import MetricsLogger
 from learner.publish import AsyncWeightPublisher
-from learner.train_step import TrainState, create_train_state, ppo_update
+from learner.train_step import NonFiniteRun, TrainState, create_train_state, ppo_update
 from protocol.auth import server_curve
 from protocol.spool import SpoolPosition
 from protocol.trajectory import Trajectory
@@ -108,7 +108,7 @@ class LearnerService:
         self._origins: dict[str, _Origin] = {}
         self.counters = {"refused": 0, "over_turn_limit": 0, "trajectories_trained": 0}
         self.refused_reasons: dict[str, int] = {}  # check_trajectory reason -> count (kept in checkpoints)
-        self.nonfinite_updates = 0  # updates in a row whose every optimiser step was skipped (non-finite gradient)
+        self.nonfinite = NonFiniteRun("learner", "update", MAX_NONFINITE_UPDATES)  # updates with no step applied
         self.ckpt = LearnerCheckpointer(self.run_dir / "checkpoints", cfg.checkpoint.max_to_keep,
                                         cfg.checkpoint.async_save)
         self._committed_position: SpoolPosition | None = None
@@ -237,15 +237,8 @@ class LearnerService:
         self.update += 1
         self.version += 1
         self.counters["trajectories_trained"] += len(packed.episode_ids)
-        if m.get("ppo/skipped_nonfinite", 0.0) >= 1.0:  # no step of this update was applied (train_step._apply)
-            self.nonfinite_updates += 1
-            log.warning("learner: update %d: every policy step had a non-finite gradient and was skipped (%d updates "
-                        "in a row)", self.update, self.nonfinite_updates)
-            if self.nonfinite_updates >= MAX_NONFINITE_UPDATES:
-                raise FloatingPointError(f"learner: {self.nonfinite_updates} updates in a row had only non-finite "
-                                         f"gradients (last: update {self.update}); the model's numerics are broken")
-        else:
-            self.nonfinite_updates = 0
+        # the mean over the update's policy steps: 1 when none of them was applied (train_step._apply)
+        self.nonfinite.observe(m.get("ppo/skipped_nonfinite", 0.0) >= 1.0, self.update)
         if self.update % self.cfg.publish_every_updates == 0:
             m["publish/blocked_s"] = self.publisher.submit(self.version, self.policy.params)
         lags = self.version - 1 - packed.policy_versions

@@ -18,6 +18,7 @@ shuffled minibatches through `policy_train_step` and `critic_train_step`.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, Callable, Optional
 
@@ -33,6 +34,7 @@ from learner import ppo, sharding
 from learner.config import OptimizerConfig, PPOConfig
 
 Array = jax.Array
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -251,6 +253,33 @@ def _apply(state: TrainState, grads) -> tuple[TrainState, Array, Array, Array]:
     new_state = state.replace(step=jnp.where(finite, state.step + 1, state.step), params=keep(params, state.params),
                               opt_state=keep(opt_state, state.opt_state))
     return new_state, grad_norm, lr, 1.0 - finite.astype(jnp.float32)
+
+
+class NonFiniteRun:
+    """Host-side count of optimiser steps (or whole updates) skipped in a row for a non-finite gradient (`_apply`'s
+    `*/skipped_nonfinite`). `observe` raises FloatingPointError at `limit` in a row: the model's numerics are
+    broken, and training on would change nothing. Used by the stage worker (per step) and the learner service (per
+    PPO update)."""
+
+    def __init__(self, who: str, unit: str, limit: int):
+        self.who, self.unit, self.limit = who, unit, limit  # e.g. "stage warm_start", "step"
+        self.in_a_row = 0
+        self.total = 0
+
+    def observe(self, skipped: bool, at: int) -> bool:
+        """Record one step / update (`at`: its number); returns `skipped`. Raises FloatingPointError at `limit`
+        skipped in a row."""
+        if not skipped:
+            self.in_a_row = 0
+            return False
+        self.in_a_row += 1
+        self.total += 1
+        log.warning("%s: %s %d had only non-finite gradients and was skipped (%d in a row)", self.who, self.unit, at,
+                    self.in_a_row)
+        if self.in_a_row >= self.limit:
+            raise FloatingPointError(f"{self.who}: {self.in_a_row} {self.unit}s in a row had only non-finite gradients "
+                                     f"(last: {self.unit} {at}); the model's numerics are broken")
+        return True
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -169,6 +169,16 @@ def test_a_step_with_a_non_finite_gradient_is_not_applied():
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(policy.params))
 
 
+def test_non_finite_run_counts_skips_and_raises_at_its_limit_in_a_row():
+    guard = ts.NonFiniteRun("stage warm_start", "step", limit=3)
+    assert [guard.observe(x, i) for i, x in enumerate([True, True, False, True, True], 1)] == [True, True, False, True,
+                                                                                              True]
+    assert (guard.total, guard.in_a_row) == (4, 2)
+    with pytest.raises(FloatingPointError, match=r"stage warm_start: 3 steps in a row had only non-finite gradients "
+                                                 r"\(last: step 6\)"):
+        guard.observe(True, 6)
+
+
 def test_lr_schedule_warmup_and_decay():
     _, sched = ts.make_optimizer(OptimizerConfig(lr=1.0, warmup_steps=10, decay_steps=100, schedule="linear", end_lr_ratio=0.1))
     assert float(sched(0)) == 0.0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cuda_agent.stage_worker import REPLAN_EVERY, NonFiniteSteps, fitted_steps
+from cuda_agent.stage_worker import REPLAN_EVERY, fitted_steps
 
 
 def test_plan_shrinks_to_the_budget_and_grows_back_to_the_stage_limit():
@@ -18,15 +18,6 @@ def test_plan_shrinks_to_the_budget_and_grows_back_to_the_stage_limit():
     # the machine got faster: the plan grows, never past the stage's own steps
     assert fitted_steps(100, 278, 450, 0.5, 400.0) == 450
     assert fitted_steps(100, 278, 450, 1.0, 250.0) == 350
-
-
-def test_non_finite_steps_are_counted_and_end_the_stage_in_a_row():
-    guard = NonFiniteSteps("warm_start", limit=3)
-    ok, bad = {"sft/nll": 1.0, "sft/skipped_nonfinite": 0.0}, {"sft/nll": float("nan"), "sft/skipped_nonfinite": 1.0}
-    assert [guard.observe(m, i) for i, m in enumerate([bad, bad, ok, bad, bad], 1)] == [True, True, False, True, True]
-    assert (guard.total, guard.in_a_row) == (4, 2)
-    with pytest.raises(FloatingPointError, match=r"stage warm_start: 3 steps in a row .* \(last: step 6\)"):
-        guard.observe({"critic/skipped_nonfinite": 1.0}, 6)
 
 
 def test_plan_is_kept_when_close_or_nearly_done():
