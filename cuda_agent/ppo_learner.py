@@ -127,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
         if sp:
             m["rollout/speedup_eager_geomean"] = float(np.exp(np.mean(np.log(sp))))
         m["learner/updates_total"] = spec.updates
+        log.info("%s update %d/%d: %d episodes (pass rate %.2f, reward mean %+.2f), %.0f tokens, pack %.1f s, "
+                 "update %.1f s", stage, service.update, spec.updates, len(trajs), m["rollout/pass_rate"],
+                 m.get("reward/mean", float("nan")), m.get("learner/tokens", 0), m.get("learner/pack_s", 0.0),
+                 m.get("ppo/update_s", 0.0))
         for t in sorted(trajs, key=lambda t: -t.reward):
             if counts["rendered"] >= cfg.report.trajectories_per_stage * 2:
                 break

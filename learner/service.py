@@ -52,6 +52,8 @@ STATUS_DONE, STATUS_STOPPED, STATUS_TIME_BUDGET = "done", "stopped", "time_budge
 MAX_NONFINITE_UPDATES = 3
 """Updates in a row whose every policy step was skipped for a non-finite gradient before `step` raises
 FloatingPointError (the stage fails, and a restart resumes from the last checkpoint)."""
+WAIT_LOG_EVERY_S = 30.0
+"""While no batch is ready, `step` logs what is buffered, received and refused this often (seconds)."""
 
 
 @dataclasses.dataclass
@@ -121,6 +123,7 @@ class LearnerService:
         self.weights = WeightsPublisher(svc.weights, publisher_id=f"learner-{svc.stage}", curve=curves[1])
         self.publisher = AsyncWeightPublisher(self.weights, svc.publish_dtype)
         self._started = False
+        self._last_wait_log = time.monotonic()
 
     # ------------------------------------------------------------------------------------------ state
     def _restore(self) -> None:
@@ -224,7 +227,12 @@ class LearnerService:
         self._forget(self.buffer.drop_stale(self.version))
         n = self.cfg.batch_trajectories
         if len(self.buffer) < n:
+            if time.monotonic() - self._last_wait_log > WAIT_LOG_EVERY_S:
+                self._last_wait_log = time.monotonic()
+                log.info("learner %s: waiting for a batch: %d/%d trajectories buffered, %d received, %d refused",
+                         self.stage, len(self.buffer), n, self.receiver.stats["received"], self.counters["refused"])
             return None
+        self._last_wait_log = time.monotonic()
         t0 = time.perf_counter()
         trajs = self.buffer.take(n, self.version)
         self._forget(trajs)
@@ -233,7 +241,9 @@ class LearnerService:
         self.counters["refused"] += len(refused)
         rollout = sharding.shard_batch(packed.to_rollout(), self.mesh)
         self.key, sub = jax.random.split(self.key)
+        pack_s = time.perf_counter() - t0
         self.policy, self.critic, m = ppo_update(self.policy, self.critic, rollout, sub, self.reference, self.mesh)
+        m["learner/pack_s"] = pack_s
         self.update += 1
         self.version += 1
         self.counters["trajectories_trained"] += len(packed.episode_ids)
