@@ -138,6 +138,11 @@ class Actor:
         self._backoff_steps = 0  # backoffs in a row: the next wait is failure_backoff_s * 2 ** this
         self._hold_until = 0.0  # time.monotonic(): no new episode before it (failure backoff)
         self._sink_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # staleness control (ActorConfig.episodes_per_version)
+        self._first_version: int | None = None  # the first weights version held
+        self._quota_used = 0  # episodes started, less those that ended without reaching the learner
+        self._quota_extra = 0  # shares granted by the liveness valve
+        self._quota_hold: tuple[int, float] | None = None  # (version, since) of the current hold
 
     async def run(self, tasks: Iterable[Task], max_episodes: int | None = None,
                   stop: threading.Event | None = None, abort: threading.Event | None = None) -> dict[str, Any]:
@@ -166,6 +171,8 @@ class Actor:
                         break  # no weights yet: wait below
                     if time.monotonic() < self._hold_until:
                         break  # backing off after failed episodes: wait below
+                    if not self._within_quota():
+                        break  # as far ahead of the learner as allowed: wait below for newer weights
                     task = next(task_iter, _END)
                     if task is _END:
                         exhausted = True
@@ -176,6 +183,7 @@ class Actor:
                     episode_id = f"{self.actor_id}-{uuid.uuid4().hex[:16]}"
                     running.add(asyncio.create_task(self._episode(loop, task, policy, episode_id)))
                     started += 1
+                    self._quota_used += 1
                     self.batcher.episodes = len(running)
                 if not running:
                     if exhausted or (max_episodes is not None and started >= max_episodes) or \
@@ -207,10 +215,13 @@ class Actor:
             self.stats["episode_crashes"] += 1
             log.exception("actor %s: episode %s on task %s crashed", self.actor_id, episode_id, task.id)
             self._note_ending(failed=True, why="crashed")
+            self._quota_used -= 1
             return
         finally:
             self.versions.release(policy)
         self._note_ending(failed=episode.status in NOT_TRAINABLE, why=f"{episode.status}: {episode.error}")
+        if not episode.trainable:
+            self._quota_used -= 1  # never reaches the learner: its place in the share goes to another episode
         self.stats["episodes"] += 1
         self.by_status[episode.status] += 1
         self.by_version[episode.policy_version] += 1
@@ -220,9 +231,38 @@ class Actor:
             await loop.run_in_executor(self._sink_executor, self.sink.put, episode)
         except Exception:  # noqa: BLE001 - e.g. a trajectory the protocol refuses: counted, the actor goes on
             self.stats["sink_errors"] += 1
+            self._quota_used -= 1
             log.exception("actor %s: could not hand over episode %s", self.actor_id, episode_id)
         if self.on_episode is not None:
             self.on_episode(episode)
+
+    def _within_quota(self) -> bool:
+        """Staleness control (ActorConfig.episodes_per_version): may another episode start on the newest weights?
+        Counts each version at which it says no once (`quota_holds`)."""
+        share = self.cfg.episodes_per_version
+        if share <= 0:
+            return True
+        v = self.versions.newest_version
+        if self._first_version is None:
+            self._first_version = v
+        allowed = (v - self._first_version + 1 + self.cfg.versions_ahead + self._quota_extra) * share
+        if self._quota_used < allowed:
+            self._quota_hold = None
+            return True
+        now = time.monotonic()
+        if self._quota_hold is None or self._quota_hold[0] != v:
+            self._quota_hold = (v, now)
+            self.stats["quota_holds"] += 1
+            log.info("actor %s: %d episodes on their way by weights version %d (%d a version, %d ahead): waiting "
+                     "for newer weights", self.actor_id, self._quota_used, v, share, self.cfg.versions_ahead)
+        elif now - self._quota_hold[1] > self.cfg.quota_max_wait_s:
+            self._quota_extra += 1
+            self._quota_hold = None
+            self.stats["quota_overrides"] += 1
+            log.warning("actor %s: no weights newer than version %d for %.0f s: starting another %d episodes",
+                        self.actor_id, v, self.cfg.quota_max_wait_s, share)
+            return True
+        return False
 
     def _note_ending(self, failed: bool, why: str) -> None:
         """Failure backoff (ActorConfig.failure_backoff_s): a failed episode delays the next start; the wait doubles
@@ -249,6 +289,7 @@ class Actor:
         return {"actor_id": self.actor_id, "episodes": self.stats["episodes"],
                 "episode_crashes": self.stats["episode_crashes"], "sink_errors": self.stats["sink_errors"],
                 "episodes_aborted": self.stats["episodes_aborted"], "backoffs": self.stats["backoffs"],
+                "quota_holds": self.stats["quota_holds"], "quota_overrides": self.stats["quota_overrides"],
                 "by_status": dict(self.by_status), "by_version": {str(k): v for k, v in self.by_version.items()},
                 "mean_reward": sum(self.rewards) / n if n else None, "batcher": dict(self.batcher.stats),
                 "sandbox_calls": dict(self.ctx.stages.calls), "time": self.clock.snapshot(),

@@ -146,6 +146,19 @@ class ActorConfig:
     run without one: `cuda_agent.eval.eval_actor_config`)."""
     failure_backoff_max_s: float = 30.0
     """The longest such wait (seconds)."""
+    episodes_per_version: int = 0
+    """Staleness control (AReaL's, Fu et al. 2025, section 5.1): this actor's share of one learner batch. While it
+    holds weights version v it has started at most (v - v0 + 1 + versions_ahead) * episodes_per_version episodes
+    (v0: the first version it received), then waits for newer weights. A fast actor can then not outrun the
+    learner: no pile of trajectories the staleness bound will drop, and on a shared GPU no sampling that takes the
+    learner's time for nothing. 0 = no limit (evaluations; one-off runs)."""
+    versions_ahead: int = 1
+    """How many batches beyond the current version's share an actor may sample ahead of the learner (with
+    `episodes_per_version`): 1 lets the next batch be sampled while the learner trains on this one."""
+    quota_max_wait_s: float = 300.0
+    """Liveness valve of the staleness control: after waiting this long (seconds) for newer weights, the actor
+    starts one more share anyway (logged, counted as `quota_overrides`), so a learner that refused some
+    trajectories cannot wait forever for a batch the actors will not sample."""
     max_pending_trajectories: int = 1024
     """Trajectories kept until the learner acknowledges them (episodes wait beyond it)."""
     sampler_memory_fraction: Optional[float] = None
@@ -188,6 +201,10 @@ class ActorConfig:
         _check(self.gather_s >= 0, f"ActorConfig.gather_s must be >= 0, got {self.gather_s}")
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
+        _check(self.episodes_per_version >= 0 and self.versions_ahead >= 0,
+               f"ActorConfig.episodes_per_version and versions_ahead must be >= 0, got {self.episodes_per_version} "
+               f"and {self.versions_ahead}")
+        _check(self.quota_max_wait_s > 0, f"ActorConfig.quota_max_wait_s must be > 0, got {self.quota_max_wait_s}")
         _check(0 <= self.failure_backoff_s <= self.failure_backoff_max_s,
                f"ActorConfig.failure_backoff_s must be in [0, failure_backoff_max_s], got {self.failure_backoff_s} "
                f"(max {self.failure_backoff_max_s})")

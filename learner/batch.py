@@ -2,7 +2,8 @@
 
 Input: trajectories as the protocol carries them (`protocol.trajectory.Trajectory`: tokens `[T]` int32,
 behaviour_logprobs `[T]` f32, loss_mask `[T]` uint8, reward, policy_version, episode_id), all token-aligned
-(see `learner.ppo`). Output: `[N, L]` rows (L = max_seq_len) where
+(see `learner.ppo`). Output: `[N, L]` rows (L = max_seq_len, or a power-of-two fraction of it that wastes
+less padding: `pick_row_len`) where
 
   - with packing, trajectories are placed first-fit-decreasing into rows; each gets its own segment id
     (1, 2, ... within the row; attention never crosses ids), positions restart at 0, and GAE resets at
@@ -90,14 +91,57 @@ def check_trajectory(t: TrajectoryLike, max_seq_len: int) -> str | None:
     return None
 
 
+def _first_fit(lengths: Sequence[int], row_len: int, pack: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    """Rows' used lengths and each sequence's (row, start): first-fit-decreasing when `pack`, else one a row."""
+    placement: list[tuple[int, int]] = [(-1, -1)] * len(lengths)
+    rows: list[int] = []
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if pack else range(len(lengths))
+    for i in order:
+        n = lengths[i]
+        row = -1
+        if pack:
+            for r, used in enumerate(rows):
+                if used + n <= row_len:
+                    row = r
+                    break
+        if row < 0:
+            rows.append(0)
+            row = len(rows) - 1
+        placement[i] = (row, rows[row])
+        rows[row] += n
+    return rows, placement
+
+
+def pick_row_len(lengths: Sequence[int], max_seq_len: int, min_row_len: int, rows_multiple: int = 1) -> int:
+    """The row length L (max_seq_len / 2**k, at least `min_row_len` and the longest sequence) that packs
+    `lengths` into the fewest padded positions, `ceil(rows / rows_multiple) * rows_multiple * L`; ties go to the
+    longer row. Halving keeps the number of distinct shapes, so of compiled update steps, to log2 of the range.
+    E.g. 32 sequences of about 2,000 tokens, 16-row minibatches, max_seq_len 16,384: 16 rows x 4,096 (65,536
+    positions) instead of 16 rows x 16,384 (262,144) that rounding 4 full rows up to 16 would give."""
+    longest = max(lengths, default=1)
+    best_len, best_cost = max_seq_len, None
+    L = max_seq_len
+    while L >= max(min_row_len, longest, 1):
+        rows, _ = _first_fit(lengths, L, pack=True)
+        cost = -(-len(rows) // rows_multiple) * rows_multiple * L
+        if best_cost is None or cost < best_cost:
+            best_len, best_cost = L, cost
+        if L % 2:
+            break
+        L //= 2
+    return best_len
+
+
 def pack_trajectories(
     trajectories: Sequence[TrajectoryLike],
     max_seq_len: int,
     rows_multiple: int = 1,
     pack: bool = True,
+    min_row_len: int | None = None,
 ) -> tuple[PackedBatch, list[tuple[str, str]]]:
-    """Lay out trajectories in `[N, max_seq_len]` rows (module docstring). Returns the batch and the refused
-    trajectories as (episode_id, reason). Raises ValueError when nothing is usable."""
+    """Lay out trajectories in `[N, L]` rows (module docstring). L = max_seq_len, or with packing and
+    `min_row_len` given, the shorter power-of-two fraction of it that `pick_row_len` finds. Returns the batch and
+    the refused trajectories as (episode_id, reason). Raises ValueError when nothing is usable."""
     refused: list[tuple[str, str]] = []
     ok: list[TrajectoryLike] = []
     for t in trajectories:
@@ -109,26 +153,13 @@ def pack_trajectories(
     if not ok:
         raise ValueError(f"no usable trajectory among {len(trajectories)} (refused: {refused[:5]})")
 
-    # rows: list of [used length, next segment id]; placement per trajectory (in input order)
-    placement: list[tuple[int, int]] = [(-1, -1)] * len(ok)
-    rows: list[int] = []
-    order = sorted(range(len(ok)), key=lambda i: -len(ok[i].tokens)) if pack else range(len(ok))
-    for i in order:
-        n = len(ok[i].tokens)
-        row = -1
-        if pack:
-            for r, used in enumerate(rows):
-                if used + n <= max_seq_len:
-                    row = r
-                    break
-        if row < 0:
-            rows.append(0)
-            row = len(rows) - 1
-        placement[i] = (row, rows[row])
-        rows[row] += n
-
+    lengths = [len(t.tokens) for t in ok]
+    row_len = max_seq_len
+    if pack and min_row_len is not None:
+        row_len = pick_row_len(lengths, max_seq_len, min_row_len, rows_multiple)
+    rows, placement = _first_fit(lengths, row_len, pack)  # placement per trajectory (in input order)
     n_rows = -(-len(rows) // rows_multiple) * rows_multiple
-    shape = (n_rows, max_seq_len)
+    shape = (n_rows, row_len)
     tokens = np.zeros(shape, np.int32)
     positions = np.zeros(shape, np.int32)
     segs = np.zeros(shape, np.int32)

@@ -200,7 +200,12 @@ class LearnerConfig:
     seed: int = 0
     """Seed of parameter init and minibatch shuffling."""
     max_seq_len: int = 8192
-    """Row length of update batches in tokens; longer trajectories are refused (counted) by the batch builder."""
+    """Longest row of update batches in tokens; longer trajectories are refused (counted) by the batch builder."""
+    min_row_len: int = 1024
+    """With packing, an update's rows may be shorter than max_seq_len: max_seq_len / 2**k, no shorter than this
+    (nor than the longest trajectory), whichever wastes the fewest padded positions (`learner.batch.pick_row_len`).
+    Each distinct length compiles the update's steps once. 0 would allow any power-of-two fraction; set it to
+    max_seq_len to keep every row max_seq_len long."""
     pack_sequences: bool = True
     """Pack several trajectories into one row (segment ids) instead of one trajectory per padded row.
     (Rematerialisation for long trajectories is the model's setting: `learner.model.ModelConfig.remat`; the
@@ -218,6 +223,7 @@ class LearnerConfig:
         _check(self.max_seq_len >= 2, "max_seq_len must be >= 2")
         _check(self.batch_trajectories >= 1, "batch_trajectories must be >= 1")
         _check(self.buffer_capacity >= self.batch_trajectories, "buffer_capacity must be >= batch_trajectories")
+        _check(self.min_row_len >= 0, f"min_row_len must be >= 0, got {self.min_row_len}")
         _check(self.publish_every_updates >= 1, "publish_every_updates must be >= 1")
 
 

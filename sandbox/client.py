@@ -85,14 +85,18 @@ class SandboxClient:
                 outer.cancel()
                 return
             err = f.exception()
-            if err is None:
-                outer.set_result(f.result())
-            elif isinstance(err, RpcError):
-                outer.set_exception(SandboxClientError(err.error.code, err.error.message, job.job_id, err.error.field))
-            elif isinstance(err, RpcTimeout):
-                outer.set_exception(SandboxClientError("timeout", str(err), job.job_id))
-            else:
-                outer.set_exception(SandboxClientError("internal", f"{type(err).__name__}: {err}", job.job_id))
+            try:
+                if err is None:
+                    outer.set_result(f.result())
+                elif isinstance(err, RpcError):
+                    outer.set_exception(SandboxClientError(err.error.code, err.error.message, job.job_id,
+                                                           err.error.field))
+                elif isinstance(err, RpcTimeout):
+                    outer.set_exception(SandboxClientError("timeout", str(err), job.job_id))
+                else:
+                    outer.set_exception(SandboxClientError("internal", f"{type(err).__name__}: {err}", job.job_id))
+            except concurrent.futures.InvalidStateError:  # the caller cancelled it (an aborted episode): nobody waits
+                pass
 
         inner.add_done_callback(done)
         return outer

@@ -162,3 +162,83 @@ def test_reward_from_the_final_or_the_best_workspace(tokenizer, sandbox_client, 
         assert ep.reward == -1.0 and ep.reward_source == "final"
     else:
         assert ep.reward == profiled["reward"] >= 0 and ep.reward_source == "best (profile at turn 1)"
+
+
+def test_staleness_control_keeps_an_actor_one_batch_ahead_of_the_learner(tokenizer, sandbox_client):
+    # On the H200 two actors sampled 2,756 episodes while the learner ran its first update on 32 (every one past
+    # the staleness bound's use, and all of it GPU time taken from the learner). With a share of 3 a version and 1
+    # version ahead, an actor holding version v starts (v - v0 + 2) * 3 episodes, then waits for newer weights.
+    import threading
+    import time
+
+    from actors.actor import cycle_tasks
+
+    class Sink:
+        def __init__(self):
+            self.versions = []
+
+        def put(self, ep):
+            self.versions.append(ep.policy_version)
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(sink.versions) < n:
+            assert time.monotonic() < deadline, f"only {len(sink.versions)} of {n} episodes in 60 s"
+            time.sleep(0.02)
+
+    sink = Sink()
+    versions = PolicyVersions(ScriptedPolicy(tokenizer, {"quota": ["no code at all"]}, version=0))
+    cfg = ActorConfig(concurrent_episodes=2, episodes_per_version=3, versions_ahead=1, failure_backoff_s=0,
+                      agent=AgentConfig(mode="single_turn", solution_format="cpu"))
+    actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(sandbox_client, stages_for_tests()), versions, sink, "cpu")
+    stop = threading.Event()
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(run_actor(actor, cycle_tasks([make_task("quota")]),
+                                                                  stop=stop)), daemon=True)
+    thread.start()
+    try:
+        wait_for(6)
+        time.sleep(1.0)  # each episode takes milliseconds (an empty workspace): a leak would show hundreds here
+        assert sink.versions == [0] * 6 and actor.stats["quota_holds"] == 1
+        versions.set(ScriptedPolicy(tokenizer, {"quota": ["no code at all"]}, version=1))
+        wait_for(9)
+        time.sleep(1.0)
+        assert sink.versions == [0] * 6 + [1] * 3 and actor.stats["quota_holds"] == 2
+    finally:
+        stop.set()
+        thread.join(60)
+    assert out["quota_holds"] == 2 and out["quota_overrides"] == 0 and out["by_status"] == {"finished": 9}
+
+    # the liveness valve: a hold older than quota_max_wait_s lets one more share start (a learner that refused
+    # trajectories must not wait forever for a batch)
+    actor._quota_hold = (1, time.monotonic() - cfg.quota_max_wait_s - 1)
+    assert actor._within_quota() and actor.stats["quota_overrides"] == 1
+    actor._quota_used += 3
+    assert not actor._within_quota()  # the extra share is used up: holding again
+
+
+def test_staleness_control_does_not_count_episodes_that_never_reach_the_learner(tokenizer):
+    from sandbox.client import SandboxClient
+
+    class Broken:
+        version, name = 0, "broken"
+
+        def generate(self, prompts, settings):
+            raise FloatingPointError("sampler: non-finite behaviour log-probs")
+
+    class Sink:
+        def __init__(self):
+            self.n = 0
+
+        def put(self, ep):
+            self.n += 1
+
+    with SandboxClient(["tcp://127.0.0.1:9"]) as client:  # never asked: the policy fails first
+        cfg = ActorConfig(concurrent_episodes=1, episodes_per_version=2, failure_backoff_s=0,
+                          agent=AgentConfig(mode="single_turn", solution_format="cpu"))
+        sink = Sink()
+        actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(client, stages_for_tests()),
+                      PolicyVersions(Broken()), sink, "cpu")
+        summary = run_actor(actor, [make_task("a")] * 7)
+    # 7 policy_error episodes, more than the 4 the share allows: none of them took a place in it
+    assert summary["by_status"] == {"policy_error": 7} and summary["quota_holds"] == 0 and actor._quota_used == 0

@@ -82,6 +82,39 @@ def test_packing_places_every_trajectory_and_keeps_gae_per_trajectory():
         pack_trajectories(trajs[-2:], L)
 
 
+def test_row_length_is_the_halving_that_wastes_the_least_padding():
+    from learner.batch import pick_row_len
+
+    # the H200 case: 32 trajectories of about 2,000 tokens, 16-row minibatches, rows of up to 16,384 tokens
+    rng = np.random.default_rng(1)
+    lengths = [int(x) for x in rng.integers(1500, 2400, 32)]
+    L = pick_row_len(lengths, 16384, 1024, rows_multiple=16)
+    assert L == 4096  # 16 rows x 4,096: two trajectories a row (16 x 16,384 at full length; 32 x 2,048 at half)
+    # brute force over every halving: the pick has the fewest padded positions, ties to the longer row
+    def padded(row_len):
+        used = []
+        for n in sorted(lengths, reverse=True):
+            for r, u in enumerate(used):
+                if u + n <= row_len:
+                    used[r] += n
+                    break
+            else:
+                used.append(n)
+        return -(-len(used) // 16) * 16 * row_len
+    costs = {c: padded(c) for c in (16384, 8192, 4096)}
+    assert costs[L] == min(costs.values()) and costs[16384] == 4 * costs[4096]
+    assert pick_row_len(lengths, 16384, 16384, rows_multiple=16) == 16384  # min_row_len = max_seq_len: fixed
+    assert pick_row_len([3000], 16384, 1024) == 4096  # never shorter than the longest sequence
+    assert pick_row_len([10, 10], 64, 1, rows_multiple=1) == 32  # one row either way: the shorter one costs less
+
+    trajs = [make_traj(i, n, rng) for i, n in enumerate(lengths)]
+    packed, refused = pack_trajectories(trajs, 16384, rows_multiple=16, min_row_len=1024)
+    assert not refused and packed.tokens.shape == (16, 4096)
+    assert packed.num_tokens == sum(lengths)
+    for t, (row, start) in zip(trajs, packed.placement):
+        np.testing.assert_array_equal(packed.tokens[row, start : start + len(t.tokens)], t.tokens)
+
+
 CORPUS = [
     "write the kernel, compile it and check the speed-up against torch.compile",
     "the build failed: expected ';' before '}' token at line 12",
