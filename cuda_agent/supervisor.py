@@ -15,7 +15,8 @@ sandbox node's worker processes) are stopped with it. On Linux each child also g
 a supervisor killed with SIGKILL does not leave orphans behind.
 
 A monitor thread polls the children every `poll_s`. A child that exits while nobody asked it to stop is
-*crashed* when its exit code is not 0 (or it was killed by a signal), *finished* otherwise. A crashed child with
+*crashed* when its exit code is not 0 or another of its `ok_exit_codes` (or it was killed by a signal), *finished*
+otherwise. A crashed child with
 `restart=True` is started again after `backoff_s * 2**k` seconds (k = restarts so far, capped at `max_backoff_s`)
 until it has been restarted `max_restarts` times; then it is *failed* and stays down. Every transition is an
 `Event`, kept in `events` and passed to `on_event` (the train driver logs them to the metrics JSONL).
@@ -57,6 +58,8 @@ class ProcessSpec:
       max_backoff_s: cap on that wait.
       stop_timeout_s: grace after SIGTERM before SIGKILL.
       ready_file: a file the child writes once it serves (removed before each start); `wait_ready` watches it.
+      ok_exit_codes: exit statuses that mean *finished*, not *crashed* (e.g. a stage worker's 4, "nothing to train
+        on"); the default is 0 alone.
     """
 
     name: str
@@ -70,6 +73,7 @@ class ProcessSpec:
     max_backoff_s: float = 30.0
     stop_timeout_s: float = 60.0
     ready_file: str | None = None
+    ok_exit_codes: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -245,8 +249,8 @@ class Supervisor:
                     mp.state = "stopped"
                     self._emit(Event(now, mp.spec.name, "stopped", mp.pid, rc, mp.restarts))
                     continue
-                crashed = rc != 0
                 spec = mp.spec
+                crashed = rc not in spec.ok_exit_codes
                 if crashed or spec.restart_on_exit_0:
                     state = "crashed" if crashed else "finished"
                     self._emit(Event(now, spec.name, state, mp.pid, rc, mp.restarts, _describe(rc)))

@@ -398,7 +398,8 @@ class TrainDriver:
         tail = JsonlTail(self.run_dir.learner_dir(stage) / "metrics" / "metrics.jsonl", from_end=True)
         mp = self.sup.start(ProcessSpec(name, argv, env=child_env(jax_memory_fraction=cfg.jax_memory_fraction),
                                         cwd=str(Path(__file__).resolve().parents[1]),
-                                        restart=False, stop_timeout_s=cfg.supervision.stop_timeout_s))
+                                        restart=False, stop_timeout_s=cfg.supervision.stop_timeout_s,
+                                        ok_exit_codes=(0, 4)))  # 4: nothing to train on (the stage is skipped)
         bar = self._bar(stage.replace("_", " "), spec.steps)
         base = int(self.state.get("global_step", 0))
         last_step = 0

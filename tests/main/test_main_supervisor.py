@@ -80,6 +80,17 @@ def test_exit_0_is_finished_not_restarted(tmp_path):
         assert sup.state("job") == "finished" and sup.restarts("job") == 0
 
 
+def test_an_ok_exit_code_is_finished_and_others_crash(tmp_path):
+    # a stage worker's exit 4 ("nothing to train on") showed in the H200 run's report as "stage-rft crashed"
+    with Supervisor(tmp_path / "logs", poll_s=0.02) as sup:
+        sup.start(ProcessSpec("skip", [PY, "-c", "import sys; sys.exit(4)"], ok_exit_codes=(0, 4)))
+        sup.start(ProcessSpec("bad", [PY, "-c", "import sys; sys.exit(5)"], ok_exit_codes=(0, 4)))
+        assert sup.wait("skip", 20) == 4 and sup.wait("bad", 20) == 5
+        _until(lambda: sup.state("bad") != "running")
+        assert sup.state("skip") == "finished" and sup.state("bad") == "crashed"
+        assert [e.state for e in sup.events if e.name == "skip"][-1] == "finished"
+
+
 def test_stop_sends_sigterm_to_the_group_then_sigkill(tmp_path):
     # a child that starts a grandchild and ignores SIGTERM: both must be gone after stop()
     code = ("import signal, subprocess, sys, time\n"
