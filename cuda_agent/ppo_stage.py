@@ -138,8 +138,7 @@ def run(driver, stage: str, st: dict) -> bool:
             if state in ("finished", "stopped", "failed") or (state == "crashed" and not learner.spec.restart):
                 break
             if driver.stop.is_set():
-                for a in actors:
-                    sup.stop(a)
+                sup.stop_all(actors)
                 sup.stop(learner_name)  # SIGTERM: the learner writes its checkpoint
                 raise Interrupted()
             time.sleep(0.5)
@@ -147,9 +146,8 @@ def run(driver, stage: str, st: dict) -> bool:
         if pending_eval is not None:
             sup.stop(pending_eval["name"])
         raise
-    finally:
-        for a in actors:
-            sup.stop(a)
+    finally:  # the learner is done: the actors' running episodes are of no use, cancel them (two signals)
+        sup.stop_all(actors, signals=2)
     if pending_eval is not None:  # a periodic evaluation still running when the learner finished
         driver._eval_wait(pending_eval)
         driver._eval_finish(pending_eval)

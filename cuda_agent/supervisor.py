@@ -283,9 +283,18 @@ class Supervisor:
         if mp.alive:
             os.killpg(mp.pid, sig)
 
-    def stop(self, name: str, timeout_s: float | None = None) -> int | None:
-        """SIGTERM the child's process group, wait up to timeout_s (default its spec's), then SIGKILL it.
-        Returns the exit code (None if it never ran). A child waiting to restart is not restarted."""
+    def stop_all(self, names: Sequence[str], timeout_s: float | None = None, signals: int = 1) -> None:
+        """`stop` several children at once (their grace periods overlap instead of adding up)."""
+        threads = [threading.Thread(target=self.stop, args=(n, timeout_s, signals), daemon=True) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def stop(self, name: str, timeout_s: float | None = None, signals: int = 1) -> int | None:
+        """SIGTERM the child's process group (`signals` times, 0.1 s apart: a second SIGTERM tells an actor to
+        cancel its running episodes instead of finishing them), wait up to timeout_s (default its spec's), then
+        SIGKILL it. Returns the exit code (None if it never ran). A child waiting to restart is not restarted."""
         with self._lock:
             mp = self.children.get(name)
             if mp is None:
@@ -300,10 +309,17 @@ class Supervisor:
         if proc is None:
             return None
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            for i in range(max(signals, 1)):
+                if i:
+                    try:
+                        proc.wait(0.1)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
             try:
                 proc.wait(timeout_s if timeout_s is not None else mp.spec.stop_timeout_s)
             except subprocess.TimeoutExpired:

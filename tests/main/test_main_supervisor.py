@@ -111,6 +111,31 @@ def test_stop_sends_sigterm_to_the_group_then_sigkill(tmp_path):
         assert sup.state("stubborn") == "stopped" and sup.restarts("stubborn") == 0
 
 
+def test_stop_all_with_two_signals_cancels_at_once_and_in_parallel(tmp_path):
+    # an actor finishes its running episodes on the first SIGTERM and cancels them on the second; at a stage's end
+    # the supervisor sends both to every actor at once, not 5 s of grace then SIGKILL one actor after another
+    code = ("import signal, sys, time\n"
+            "seen = []\n"
+            "def on_term(*_):\n"
+            "    seen.append(1)\n"
+            "    if len(seen) == 2:\n"
+            "        open(sys.argv[1], 'w').write('summary'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, on_term)\n"
+            "open(sys.argv[1] + '.up', 'w').write('up')\n"
+            "while True: time.sleep(0.01)\n")
+    outs = [tmp_path / f"a{i}" for i in range(3)]
+    with Supervisor(tmp_path / "logs") as sup:
+        for i, out in enumerate(outs):
+            sup.start(ProcessSpec(f"actor-{i}", [PY, "-c", code, str(out)], stop_timeout_s=5.0))
+        assert _until(lambda: all(out.with_name(out.name + ".up").exists() for out in outs))
+        t0 = time.monotonic()
+        sup.stop_all([f"actor-{i}" for i in range(3)], signals=2)
+        took = time.monotonic() - t0
+        assert all(out.read_text() == "summary" for out in outs)  # each exited on its own, after its 2nd signal
+        assert all(sup.children[f"actor-{i}"].returncode == 0 for i in range(3))
+        assert took < 5.0  # no actor waited out its 5 s grace
+
+
 def test_graceful_child_stops_on_sigterm_and_is_not_restarted(tmp_path):
     code = ("import signal, sys, time\n"
             "def bye(*_):\n"
