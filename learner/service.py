@@ -124,6 +124,7 @@ class LearnerService:
         self.publisher = AsyncWeightPublisher(self.weights, svc.publish_dtype)
         self._started = False
         self._last_wait_log = time.monotonic()
+        self._last_save = time.monotonic()
 
     # ------------------------------------------------------------------------------------------ state
     def _restore(self) -> None:
@@ -157,6 +158,7 @@ class LearnerService:
 
     def checkpoint(self, wait: bool = False) -> None:
         """Save now (asynchronously unless `wait`); release spool segments a committed checkpoint no longer needs."""
+        self._last_save = time.monotonic()
         self.ckpt.wait()  # the previous save is committed: its data position is safe to release up to
         if self._committed_position is not None:
             self.receiver.spool.release(self._committed_position)
@@ -273,7 +275,7 @@ class LearnerService:
         if self.on_update is not None:
             self.on_update(self, trajs, m)
         self.metrics.log(self.update, m, histograms={"reward/final": packed.final_rewards, "learner/policy_lag": lags})
-        if self.update % self.cfg.checkpoint.every_updates == 0:
+        if self.cfg.checkpoint.due(self.update, time.monotonic() - self._last_save):
             self.checkpoint()
         return m
 

@@ -360,3 +360,17 @@ def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="multiple of microbatch_size"):
         PPOConfig(minibatch_size=6, microbatch_size=4)
     assert dataclasses.replace(PPOConfig(), minibatch_size=16, microbatch_size=4).grad_accum_steps == 4
+
+
+def test_checkpoint_is_due_by_count_or_by_time():
+    from learner.config import CheckpointConfig
+
+    by_count = CheckpointConfig(every_updates=2)
+    assert [by_count.due(u, 0.0) for u in (1, 2, 3, 4)] == [False, True, False, True]
+    by_time = CheckpointConfig(every_updates=0, every_s=300.0)
+    assert not by_time.due(7, 299.0) and by_time.due(7, 300.0)
+    both = CheckpointConfig(every_updates=5, every_s=60.0)
+    assert both.due(5, 1.0) and both.due(3, 61.0) and not both.due(3, 59.0)
+    assert not CheckpointConfig(every_updates=0, every_s=0.0).due(100, 1e9)  # only at the end and on SIGTERM
+    with pytest.raises(ValueError, match="every_updates and every_s"):
+        CheckpointConfig(every_s=-1.0)
