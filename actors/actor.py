@@ -171,7 +171,7 @@ class Actor:
                         break  # no weights yet: wait below
                     if time.monotonic() < self._hold_until:
                         break  # backing off after failed episodes: wait below
-                    if not self._within_quota():
+                    if not self._within_quota(busy=bool(running)):
                         break  # as far ahead of the learner as allowed: wait below for newer weights
                     task = next(task_iter, _END)
                     if task is _END:
@@ -231,14 +231,17 @@ class Actor:
             await loop.run_in_executor(self._sink_executor, self.sink.put, episode)
         except Exception:  # noqa: BLE001 - e.g. a trajectory the protocol refuses: counted, the actor goes on
             self.stats["sink_errors"] += 1
-            self._quota_used -= 1
+            if episode.trainable:  # an untrainable one gave its place back above
+                self._quota_used -= 1
             log.exception("actor %s: could not hand over episode %s", self.actor_id, episode_id)
         if self.on_episode is not None:
             self.on_episode(episode)
 
-    def _within_quota(self) -> bool:
+    def _within_quota(self, busy: bool = False) -> bool:
         """Staleness control (ActorConfig.episodes_per_version): may another episode start on the newest weights?
-        Counts each version at which it says no once (`quota_holds`)."""
+        Counts each version at which it says no once (`quota_holds`). `busy`: episodes of this actor are still
+        running; their trajectories may yet complete the learner's batch, so the liveness valve's clock
+        (`quota_max_wait_s`) starts only once none is left."""
         share = self.cfg.episodes_per_version
         if share <= 0:
             return True
@@ -255,6 +258,8 @@ class Actor:
             self.stats["quota_holds"] += 1
             log.info("actor %s: %d episodes on their way by weights version %d (%d a version, %d ahead): waiting "
                      "for newer weights", self.actor_id, self._quota_used, v, share, self.cfg.versions_ahead)
+        elif busy:
+            self._quota_hold = (v, now)  # the valve waits for a learner that has everything and still no update
         elif now - self._quota_hold[1] > self.cfg.quota_max_wait_s:
             self._quota_extra += 1
             self._quota_hold = None

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -53,6 +54,30 @@ def _config(config: Optional[Path], overrides: List[str]):
         return load_config(ActorConfig, config, overrides)
     except (ConfigError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
+
+
+FLUSH_S = 60.0
+"""How long an actor that ends normally waits for the learner to acknowledge its last trajectories, seconds."""
+ABORT_FLUSH_S = 2.0
+"""The same wait after an abort (a second signal): the supervisor's grace period is short, and a summary written
+beats trajectories a gone learner will never acknowledge."""
+
+
+def _flush(outbox, abort: threading.Event) -> bool:
+    """Wait until the learner has acknowledged every trajectory: up to FLUSH_S, or ABORT_FLUSH_S once `abort` is set
+    (before or during the wait: after an abort the supervisor is about to SIGKILL us, and a summary written beats
+    trajectories a gone learner will never acknowledge). Returns whether everything was acknowledged."""
+    deadline = time.monotonic() + FLUSH_S
+    abort_deadline = None
+    while True:
+        now = time.monotonic()
+        if abort.is_set() and abort_deadline is None:
+            abort_deadline = now + ABORT_FLUSH_S
+        end = min(deadline, abort_deadline or deadline)
+        if outbox.flush(timeout_s=max(0.0, min(0.1, end - now))):
+            return True
+        if time.monotonic() >= end:
+            return False
 
 
 def _stop_on_signals() -> tuple[threading.Event, threading.Event]:
@@ -192,7 +217,7 @@ def run_cmd(
     try:
         summary = run_actor(actor, cycle_tasks(task_list, cfg.seed), max_episodes=max_episodes, stop=stop,
                             abort=abort)
-        if not outbox.flush(timeout_s=60.0):
+        if not _flush(outbox, abort):
             console.print(f"[yellow]{outbox.pending} trajectories not acknowledged by the learner at exit[/yellow]")
         summary["outbox"] = dict(outbox.stats)
     finally:

@@ -292,9 +292,9 @@ class Supervisor:
             t.join()
 
     def stop(self, name: str, timeout_s: float | None = None, signals: int = 1) -> int | None:
-        """SIGTERM the child's process group (`signals` times, 0.1 s apart: a second SIGTERM tells an actor to
-        cancel its running episodes instead of finishing them), wait up to timeout_s (default its spec's), then
-        SIGKILL it. Returns the exit code (None if it never ran). A child waiting to restart is not restarted."""
+        """Signal the child's process group `signals` times, 0.1 s apart (SIGTERM, then SIGINT: a second signal tells
+        an actor to cancel its running episodes instead of finishing them; two of the same signal sent close
+        together can reach Python's handler as one), wait up to timeout_s (default its spec's), then SIGKILL it. Returns the exit code (None if it never ran). A child waiting to restart is not restarted."""
         with self._lock:
             mp = self.children.get(name)
             if mp is None:
@@ -317,7 +317,7 @@ class Supervisor:
                     except subprocess.TimeoutExpired:
                         pass
                 try:
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(proc.pid, signal.SIGINT if i else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
             try:

@@ -98,3 +98,65 @@ def test_actor_run_trains_against_a_learner(tokenizer, sandbox_node, tmp_path):
     assert all(t.loss_mask.sum() > 0 and np.all(t.behaviour_logprobs[t.loss_mask == 0] == 0) for t in trajs)
     summary = json.loads(summary_file.read_text())
     assert summary["episodes"] == 3 and summary["outbox"]["acked"] == 3
+
+
+@pytest.mark.slow
+def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summary(tokenizer, sandbox_node, tmp_path):
+    """A second signal (the supervisor's stop at a stage's end) cancels the running episodes; the trajectories the
+    learner has not acknowledged get a short flush (actors.cli.ABORT_FLUSH_S), not a minute: the supervisor's grace
+    period would run out and its SIGKILL lose the actor's summary."""
+    import signal
+    import time
+
+    import zmq
+
+    from actors.cli import ABORT_FLUSH_S, FLUSH_S
+    from actors.weights import random_policy_tensors
+    from learner.hf_checkpoint import config_to_hf
+    from learner.model import ModelConfig
+    from protocol.weights_channel import WeightsPublisher
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
+    (model_dir / "config.json").write_text(json.dumps(config_to_hf(cfg)))
+    tokenizer.save(model_dir / "tokenizer.json")
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl([make_task()], tasks)
+    traj_port, weights_port = free_port(), free_port()
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)  # a hung learner: takes trajectories, never acknowledges one
+    silent.bind(f"tcp://127.0.0.1:{traj_port}")
+    publisher = WeightsPublisher(f"tcp://127.0.0.1:{weights_port}").start()
+    publisher.publish(3, random_policy_tensors(cfg, seed=3, std=0.08))
+    summary_file = tmp_path / "summary.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cuda_agent.cli", "actor", "run", "--model", str(model_dir), "--sandbox",
+         sandbox_node.endpoint, "--tasks", str(tasks), "--summary-out", str(summary_file),
+         "--set", f"trajectories_endpoint=tcp://127.0.0.1:{traj_port}",
+         "--set", f"weights_endpoint=tcp://127.0.0.1:{weights_port}",
+         "--set", "agent.skill=brief", "--set", "agent.max_turns=2",
+         "--set", "agent.max_new_tokens_per_turn=8", "--set", "agent.min_new_tokens_per_turn=4",
+         "--set", "agent.max_context_tokens=1023", "--set", "concurrent_episodes=2",
+         "--set", "sampler_min_batch_bucket=4", "--set", "sampler_min_prompt_bucket=256",
+         "--set", "agent.solution_format=auto"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "actor.log", "w"))
+    try:
+        assert silent.poll(300_000), "no trajectory reached the learner's socket in 300 s"
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(FLUSH_S + 30)
+        took_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        silent.close(0)
+        ctx.term()
+        publisher.close()
+    assert proc.returncode == 0, (tmp_path / "actor.log").read_text()[-3000:]
+    assert took_s < FLUSH_S / 2, f"an aborted actor took {took_s:.1f} s to exit (flush {ABORT_FLUSH_S} s)"
+    summary = json.loads(summary_file.read_text())
+    assert summary["outbox"]["put"] >= 1 and summary["outbox"].get("acked", 0) == 0

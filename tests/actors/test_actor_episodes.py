@@ -215,6 +215,14 @@ def test_staleness_control_keeps_an_actor_one_batch_ahead_of_the_learner(tokeniz
     assert actor._within_quota() and actor.stats["quota_overrides"] == 1
     actor._quota_used += 3
     assert not actor._within_quota()  # the extra share is used up: holding again
+    # while episodes of its own are still running the valve's clock restarts: their trajectories may yet
+    # complete the learner's batch, so no extra share starts however long they take
+    actor._quota_hold = (1, time.monotonic() - cfg.quota_max_wait_s - 1)
+    assert not actor._within_quota(busy=True) and actor.stats["quota_overrides"] == 1
+    assert time.monotonic() - actor._quota_hold[1] < 1.0
+    assert not actor._within_quota()  # idle now, but the clock started again
+    actor._quota_hold = (1, time.monotonic() - cfg.quota_max_wait_s - 1)
+    assert actor._within_quota() and actor.stats["quota_overrides"] == 2
 
 
 def test_staleness_control_does_not_count_episodes_that_never_reach_the_learner(tokenizer):
@@ -242,3 +250,27 @@ def test_staleness_control_does_not_count_episodes_that_never_reach_the_learner(
         summary = run_actor(actor, [make_task("a")] * 7)
     # 7 policy_error episodes, more than the 4 the share allows: none of them took a place in it
     assert summary["by_status"] == {"policy_error": 7} and summary["quota_holds"] == 0 and actor._quota_used == 0
+
+
+@pytest.mark.parametrize("status", ["finished", "policy_error"])
+def test_a_refused_handover_gives_back_its_place_in_the_share_once(tokenizer, sandbox_client, status):
+    """An episode the sink refuses never reaches the learner: its place in the share goes back, and an untrainable
+    one (whose place went back when it ended) does not give it back twice (the share would grow without bound)."""
+    class Policy:
+        version, name = 0, "p"
+
+        def generate(self, prompts, settings):
+            raise FloatingPointError("sampler: non-finite behaviour log-probs")
+
+    class RefusingSink:
+        def put(self, ep):
+            raise ValueError("the protocol refuses this trajectory")
+
+    cfg = ActorConfig(concurrent_episodes=1, episodes_per_version=2, failure_backoff_s=0,
+                      agent=AgentConfig(mode="single_turn", solution_format="cpu"))
+    policy = ScriptedPolicy(tokenizer, {"a": ["no code at all"]}, version=0) if status == "finished" else Policy()
+    actor = Actor(cfg, ChatFormat(tokenizer), SandboxStages(sandbox_client, stages_for_tests()),
+                  PolicyVersions(policy), RefusingSink(), "cpu")
+    summary = run_actor(actor, [make_task("a")] * 5)
+    assert summary["by_status"] == {status: 5} and actor.stats["sink_errors"] == 5
+    assert actor._quota_used == 0 and summary["quota_holds"] == 0

@@ -3,6 +3,8 @@ step time, so a stage cut by its budget still ends annealed; a re-planned schedu
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -90,6 +92,13 @@ def test_actors_and_evaluations_sample_with_the_runs_numerics(tmp_path):
     loaded = read_config(tmp_path, **acfg.model_overrides())
     assert (loaded.dtype, loaded.attention_impl) == ("bfloat16", "cudnn")
     assert ActorConfig().model_overrides() == {}  # unset: the checkpoint's defaults, as before
+    # staleness control: each actor's share of a batch; with weights published every K updates a version stands
+    # for K batches, so the actors may run K - 1 more versions' shares ahead (else they would wait for the valve)
+    spec = cfg.stages.multi_turn_ppo
+    assert acfg.episodes_per_version == -(-spec.episodes_per_update // cfg.actors) and acfg.versions_ahead == 1
+    cfg3 = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, publish_every_updates=3))
+    acfg3 = actor_config(types.SimpleNamespace(cfg=cfg3, fmt="cubin"), "multi_turn_ppo")
+    assert acfg3.versions_ahead == 3 and acfg3.episodes_per_version == acfg.episodes_per_version
     with pytest.raises(ValueError, match="attention_impl"):
         ActorConfig(attention_impl="flash")
     with pytest.raises(ValueError, match="model_dtype"):
