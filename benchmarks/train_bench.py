@@ -1,13 +1,14 @@
 """Benchmarks of the main job (`cuda-agent train`), results recorded in benchmarks/RESULTS.md.
 
     python benchmarks/train_bench.py sft   [--preset local]          # warm-start step throughput of the preset's model
-    python benchmarks/train_bench.py runs  [--preset local] [--seeds 0,1,2] [--out runs/bench]
+    python benchmarks/train_bench.py runs  [--preset local] [--seeds 0,1,2] [--out runs/bench] [--parallel]
                                                                      # whole runs: wall time, eval after each stage
     python benchmarks/train_bench.py baseline-cache                  # torch.compile baseline: fresh vs cached
 
 `sft` builds the preset's model and demonstrations exactly as the stage worker does and times a few optimiser
 steps (wall and process CPU time: on a shared machine the CPU seconds say what an idle one would take).
-`runs` runs `cuda-agent train --preset P seed=S` once per seed, one after the other, and prints per seed the total
+`runs` runs `cuda-agent train --preset P seed=S` once per seed, one after the other (`--parallel`: all at once, each
+with its own cache folder: for a host with the cores and accelerator memory for several), and prints per seed the total
 wall time, each stage's duration, and the mean milestone reward / pass rate / build rate of every evaluation on
 the held-out split (and on the training probe), then the mean over seeds: the measurement the issue asks for
 ("learning is visible ... over 3 seeds").
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -137,26 +139,64 @@ def _eval_rows(run: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["order"])
 
 
-def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str]) -> None:
+def _run_args(preset: str, seed: int, run: Path, extra: list[str]) -> list[str]:
+    if (run / "config.yaml").exists():
+        return [sys.executable, "-m", "cuda_agent.cli", "train", "--quiet", "--resume", str(run)]
+    return [sys.executable, "-m", "cuda_agent.cli", "train", "--quiet", "--preset", preset, "--run-dir", str(run),
+            f"seed={seed}", *extra]
+
+
+def _finished(run: Path) -> bool:
+    return (run / "state.json").exists() and json.loads((run / "state.json").read_text()).get("status") == "finished"
+
+
+def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str], parallel: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    runs = {seed: out / f"{preset}-seed{seed}" for seed in seeds}
+    todo = [s for s in seeds if not _finished(runs[s])]
+    for s in set(seeds) - set(todo):
+        print(f"seed {s}: reusing finished run {runs[s]}")
+    t0 = time.monotonic()
+    procs = {}
+    for seed in todo:
+        # in parallel, each run its own cache folder: concurrent runs must not build the same cache entries at once
+        own_cache = [f"cache_dir={out / f'cache-seed{seed}'}"] if parallel else []
+        log = open(out / f"{preset}-seed{seed}.log", "a")
+        procs[seed] = (subprocess.Popen(_run_args(preset, seed, runs[seed], own_cache + extra), cwd=REPO, stdout=log,
+                                        stderr=subprocess.STDOUT), log)
+        if not parallel:
+            rc = procs[seed][0].wait()
+            print(f"seed {seed}: exit {rc} after {time.monotonic() - t0:.0f} s (log {log.name})")
+            t0 = time.monotonic()
+    if parallel:
+        try:
+            for seed, (proc, log) in procs.items():
+                rc = proc.wait()
+                print(f"seed {seed}: exit {rc} after {time.monotonic() - t0:.0f} s (log {log.name})")
+        except KeyboardInterrupt:  # a time limit: each run stops with a checkpoint; report what they finished
+            for seed, (proc, _) in procs.items():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+            for seed, (proc, _) in procs.items():
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                print(f"seed {seed}: stopped at the time limit (exit {proc.returncode})")
+    for _, log in procs.values():
+        log.close()
     results = []
     for seed in seeds:
-        run = out / f"{preset}-seed{seed}"
-        if (run / "state.json").exists() and json.loads((run / "state.json").read_text()).get("status") == "finished":
-            print(f"seed {seed}: reusing finished run {run}")
-        else:
-            t0 = time.monotonic()
-            args = ([sys.executable, "-m", "cuda_agent.cli", "train", "--quiet", "--resume", str(run)]
-                    if (run / "config.yaml").exists() else
-                    [sys.executable, "-m", "cuda_agent.cli", "train", "--quiet", "--preset", preset, "--run-dir",
-                     str(run), f"seed={seed}", *extra])
-            with open(out / f"{preset}-seed{seed}.log", "a") as log:
-                rc = subprocess.call(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-            print(f"seed {seed}: exit {rc} after {time.monotonic() - t0:.0f} s (log {log.name})")
+        run = runs[seed]
+        if not (run / "state.json").exists():
+            print(f"seed {seed}: no state.json in {run}: the run did not start")
+            continue
         state = json.loads((run / "state.json").read_text())
         results.append({"seed": seed, "status": state.get("status"), "elapsed_s": state.get("elapsed_s"),
                         "stages": {k: v.get("duration_s") for k, v in state.get("stages", {}).items()},
                         "evals": _eval_rows(run)})
+    if not results:
+        raise SystemExit("no run to report")
     print("\n| seed | status | wall (min) | " + " | ".join(
         f"{s} (s)" for s in results[0]["stages"]) + " |")
     print("|" + " --- |" * (3 + len(results[0]["stages"])))
@@ -193,6 +233,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default="runs/bench")
+    p.add_argument("--parallel", action="store_true", help="`runs`: start every seed's run at once")
     p.add_argument("overrides", nargs="*", help="key=value overrides for `runs`")
     a = p.parse_args()
     if a.what == "sft":
@@ -200,7 +241,7 @@ def main() -> None:
     elif a.what == "baseline-cache":
         bench_baseline_cache()
     else:
-        bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides)
+        bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides, a.parallel)
 
 
 if __name__ == "__main__":

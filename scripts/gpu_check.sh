@@ -24,7 +24,9 @@
 #                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured, the whole filter,
 #                      GPUSPLIT_WORKERS workers, default 16), h200train (TRAIN_BUDGET_S, default 480: `cuda-agent train
 #                      --preset h200` with short budgets, TRAIN_ARGS more overrides; the run folder less its weights
-#                      comes back as h200run.tar.gz)
+#                      comes back as h200run.tar.gz), seeds (SEEDS_BUDGET_S, default 540: the local preset over 3 seeds at
+#                      once, JAX on the GPU, sandbox on the CPU cores, larger PPO budgets; SEEDS_ARGS more overrides;
+#                      seeds.tar.gz)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
 mkdir -p "$out"
@@ -108,6 +110,18 @@ for b in ${GPU_BENCHES:-sandbox}; do
              tar -C /tmp/h200run -czf "$out/h200run.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
                --exclude=ckpt --exclude=spool --exclude=stages --exclude='*.safetensors' . 2>/dev/null
              ls -la "$out/h200run.tar.gz" >> "$out/benches.txt" ;;
+    seeds)  # issue 10's measurement over 3 seeds of the local preset, the three runs at once on this host: JAX on the
+            # GPU (a few % of its memory each), the sandbox's cpu backend on the cores (SEEDS_BUDGET_S, default 540)
+             XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 run_bench seeds "${SEEDS_BUDGET_S:-540}" python3 benchmarks/train_bench.py \
+               runs --preset local --seeds 0,1,2 --parallel --out /tmp/seeds device=cpu jax_memory_fraction=0.05 \
+               actor.sampler_memory_fraction=0.04 node.workers=3 node.build_workers=2 actor.concurrent_episodes=16 \
+               actor.max_batch=16 stages.warm_start.time_budget_s=100 stages.single_turn_ppo.updates=10 \
+               stages.single_turn_ppo.episodes_per_update=16 stages.single_turn_ppo.time_budget_s=100 \
+               stages.rft.time_budget_s=30 stages.value_pretrain.time_budget_s=20 stages.multi_turn_ppo.updates=5 \
+               stages.multi_turn_ppo.episodes_per_update=16 stages.multi_turn_ppo.time_budget_s=80 ${SEEDS_ARGS:-}
+             tar -C /tmp/seeds -czf "$out/seeds.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
+               --exclude=ckpt --exclude=spool --exclude=stages --exclude='cache-seed*' --exclude='*.safetensors' . 2>/dev/null
+             ls -la "$out/seeds.tar.gz" >> "$out/benches.txt" ;;
     none) ;;
     *) echo "unknown benchmark $b" | tee -a "$out/benches.txt" ;;
   esac

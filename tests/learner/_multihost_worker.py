@@ -11,11 +11,15 @@ multi-process checkpoint (when present) and reports the largest parameter differ
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+# A hang (a collective or a checkpoint barrier one process never reaches) prints every thread's stack and exits,
+# so the test fails with the place instead of waiting out its timeout.
+faulthandler.dump_traceback_later(float(os.environ.get("MULTIHOST_HANG_S", "480")), exit=True)
 
 import jax  # noqa: E402
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,15 @@ import pytest
 WORKER = Path(__file__).with_name("_multihost_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
+HANG_S = 420
+"""A pair normally takes about a minute on the 2-core box. CI saw one hang of more than 900 s (2026-12-04, not
+reproduced here in 8 runs): the worker's faulthandler then shows where, and the pair runs once more."""
+
 
 def _env(devices: int) -> dict:
     env = dict(os.environ)
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               MULTIHOST_HANG_S=str(HANG_S),
                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
 
@@ -30,9 +37,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # several JAX processes compiling: slow on a loaded 2-core box
-def test_two_learner_processes_on_loopback(tmp_path):
+def _run_pair(tmp_path: Path) -> list[tuple[int, str]]:
+    """Both processes of one distributed run: [(exit status, output)]. A process stuck longer than
+    MULTIHOST_HANG_S prints every thread's stack and exits 1 (faulthandler, in the worker)."""
     coord = f"127.0.0.1:{_free_port()}"
     procs = [
         subprocess.Popen([sys.executable, str(WORKER), str(tmp_path), "2", str(pid), coord], env=_env(2),
@@ -40,13 +47,28 @@ def test_two_learner_processes_on_loopback(tmp_path):
         for pid in (0, 1)
     ]
     try:
-        outs = [p.communicate(timeout=900)[0] for p in procs]
+        outs = [p.communicate(timeout=HANG_S + 120)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
+                p.wait()
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # several JAX processes compiling: slow on a loaded 2-core box
+def test_two_learner_processes_on_loopback(tmp_path):
+    first = _run_pair(tmp_path)
+    hung = [out for rc, out in first if rc != 0 and "Timeout (0:" in out]
+    if hung:  # the stacks go to the warnings summary, and the pair runs again
+        warnings.warn("a distributed pair hung; the stuck process's stacks:\n" + hung[0][-4000:])
+        for f in tmp_path.glob("metrics_2_*.json"):
+            f.unlink()
+        shutil.rmtree(tmp_path / "ckpt_2", ignore_errors=True)
+        first = _run_pair(tmp_path)
+    for rc, out in first:
+        assert rc == 0, out[-3000:]
     single = subprocess.run([sys.executable, str(WORKER), str(tmp_path), "1", "0", "-"], env=_env(4),
                             capture_output=True, text=True, timeout=900)
     assert single.returncode == 0, single.stderr[-3000:]
