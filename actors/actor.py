@@ -243,7 +243,7 @@ class Actor:
         running; their trajectories may yet complete the learner's batch, so the liveness valve's clock
         (`quota_max_wait_s`) starts only once none is left."""
         share = self.cfg.episodes_per_version
-        if share <= 0:
+        if not share:  # None (nobody set it) or 0: no limit
             return True
         v = self.versions.newest_version
         if self._first_version is None:

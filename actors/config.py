@@ -146,12 +146,14 @@ class ActorConfig:
     run without one: `cuda_agent.eval.eval_actor_config`)."""
     failure_backoff_max_s: float = 30.0
     """The longest such wait (seconds)."""
-    episodes_per_version: int = 0
+    episodes_per_version: Optional[int] = None
     """Staleness control (AReaL's, Fu et al. 2025, section 5.1): this actor's share of one learner batch. While it
     holds weights version v it has started at most (v - v0 + 1 + versions_ahead) * episodes_per_version episodes
     (v0: the first version it received), then waits for newer weights. A fast actor can then not outrun the
     learner: no pile of trajectories the staleness bound will drop, and on a shared GPU no sampling that takes the
-    learner's time for nothing. 0 = no limit (evaluations; one-off runs)."""
+    learner's time for nothing. None = automatic: a PPO stage of `cuda-agent train` sets the actor's share of the
+    stage's batch, anywhere else (a standalone actor, evaluations) there is no limit; 0 = no limit, also in a PPO
+    stage."""
     versions_ahead: int = 1
     """How many batches beyond the current version's share an actor may sample ahead of the learner (with
     `episodes_per_version`): 1 lets the next batch be sampled while the learner trains on this one."""
@@ -201,7 +203,7 @@ class ActorConfig:
         _check(self.gather_s >= 0, f"ActorConfig.gather_s must be >= 0, got {self.gather_s}")
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")
-        _check(self.episodes_per_version >= 0 and self.versions_ahead >= 0,
+        _check((self.episodes_per_version is None or self.episodes_per_version >= 0) and self.versions_ahead >= 0,
                f"ActorConfig.episodes_per_version and versions_ahead must be >= 0, got {self.episodes_per_version} "
                f"and {self.versions_ahead}")
         _check(self.quota_max_wait_s > 0, f"ActorConfig.quota_max_wait_s must be > 0, got {self.quota_max_wait_s}")

@@ -35,7 +35,7 @@ def actor_config(driver, stage: str):
                                   min_new_tokens_per_turn=min(cfg.actor.agent.min_new_tokens_per_turn,
                                                               spec.max_new_tokens_per_turn))
     a.max_cache_len = spec.max_context_tokens
-    if a.episodes_per_version == 0:  # each actor's share of a batch: sampling stays one batch ahead of the learner
+    if a.episodes_per_version is None:  # each actor's share of a batch: sampling stays one batch ahead of the learner
         a.episodes_per_version = -(-spec.episodes_per_update // max(cfg.actors, 1))
         # weights reach the actors every K updates: a version then stands for K batches, all sampled on it
         a.versions_ahead += cfg.learner.publish_every_updates - 1

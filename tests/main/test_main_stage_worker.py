@@ -99,6 +99,12 @@ def test_actors_and_evaluations_sample_with_the_runs_numerics(tmp_path):
     cfg3 = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, publish_every_updates=3))
     acfg3 = actor_config(types.SimpleNamespace(cfg=cfg3, fmt="cubin"), "multi_turn_ppo")
     assert acfg3.versions_ahead == 3 and acfg3.episodes_per_version == acfg.episodes_per_version
+    # actor.episodes_per_version=0 switches the control off in a PPO stage too (None, the default, is automatic)
+    off = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, episodes_per_version=0))
+    acfg_off = actor_config(types.SimpleNamespace(cfg=off, fmt="cubin"), "multi_turn_ppo")
+    assert acfg_off.episodes_per_version == 0 and acfg_off.versions_ahead == 1
+    with pytest.raises(ValueError, match="episodes_per_version"):
+        ActorConfig(episodes_per_version=-1)
     with pytest.raises(ValueError, match="attention_impl"):
         ActorConfig(attention_impl="flash")
     with pytest.raises(ValueError, match="model_dtype"):
