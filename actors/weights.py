@@ -194,7 +194,15 @@ class WeightsRefresher:
         """Poll every `every_s` seconds (in a worker thread) and install what arrives, until cancelled."""
         loop = asyncio.get_running_loop()
         while stop is None or not stop.is_set():
-            policy = await loop.run_in_executor(None, self.poll)
+            try:
+                policy = await loop.run_in_executor(None, self.poll)
+            except asyncio.CancelledError:
+                # the poll's thread keeps running, and asyncio.run() waits for it on the way out: a fetch from a
+                # learner that has gone (a stage's end) would hold an aborted actor's exit for its whole timeout
+                abandon = getattr(self.fetcher, "abandon", None)
+                if abandon is not None:
+                    abandon()
+                raise
             if policy is not None:
                 versions.set(policy)
             await asyncio.sleep(every_s if versions.newest is not None else min(every_s, 0.5))

@@ -162,26 +162,39 @@ def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str], paral
         # in parallel, each run its own cache folder: concurrent runs must not build the same cache entries at once
         own_cache = [f"cache_dir={out / f'cache-seed{seed}'}"] if parallel else []
         log = open(out / f"{preset}-seed{seed}.log", "a")
+        # in parallel, each run in its own session: a Ctrl-C / `timeout -s INT` reaches this process only, which
+        # forwards exactly one SIGINT (a driver takes a second one as "kill everything now, no checkpoint")
         procs[seed] = (subprocess.Popen(_run_args(preset, seed, runs[seed], own_cache + extra), cwd=REPO, stdout=log,
-                                        stderr=subprocess.STDOUT), log)
+                                        stderr=subprocess.STDOUT, start_new_session=parallel), log)
         if not parallel:
             rc = procs[seed][0].wait()
             print(f"seed {seed}: exit {rc} after {time.monotonic() - t0:.0f} s (log {log.name})")
             t0 = time.monotonic()
     if parallel:
+        def on_term(*_):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, on_term)
         try:
-            for seed, (proc, log) in procs.items():
-                rc = proc.wait()
-                print(f"seed {seed}: exit {rc} after {time.monotonic() - t0:.0f} s (log {log.name})")
+            left = dict(procs)
+            while left:  # each run's exit reported when it happens, not in seed order
+                for seed, (proc, log) in list(left.items()):
+                    if proc.poll() is not None:
+                        print(f"seed {seed}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s (log {log.name})")
+                        del left[seed]
+                time.sleep(1.0)
         except KeyboardInterrupt:  # a time limit: each run stops with a checkpoint; report what they finished
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for seed, (proc, _) in procs.items():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 60
             for seed, (proc, _) in procs.items():
                 try:
-                    proc.wait(60)
+                    proc.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    proc.kill()  # its supervisor's children get SIGTERM (PR_SET_PDEATHSIG)
+                    proc.wait()
                 print(f"seed {seed}: stopped at the time limit (exit {proc.returncode})")
     for _, log in procs.values():
         log.close()

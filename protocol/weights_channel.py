@@ -360,6 +360,13 @@ class WeightsFetcher(ClosesOnExit):
                                  sndhwm=credit + 16, rcvhwm=credit + 4,
                                  identity=f"{actor_id}-{uuid.uuid4().hex[:8]}".encode())
         self._sock.connect(endpoint)
+        self._abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        """Make a fetch in progress (in another thread) give up within 0.1 s, as if the publisher did not answer,
+        and every later one at once: the caller is going away (e.g. an aborted actor, whose exit would otherwise
+        wait out `timeout_s` for a publisher that has already gone)."""
+        self._abandoned.set()
 
     def recycle(self, update: WeightsUpdate) -> None:
         """The caller no longer uses `update`'s tensors: their buffers may be overwritten by the next fetch."""
@@ -512,8 +519,10 @@ class WeightsFetcher(ClosesOnExit):
         """Next decodable reply before `deadline`, or None at the deadline (bad replies are counted)."""
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not self._sock.poll(left_ms, zmq.POLLIN):
+            if left_ms <= 0 or self._abandoned.is_set():
                 return None
+            if not self._sock.poll(min(left_ms, 100), zmq.POLLIN):
+                continue
             try:
                 frames = recv_frames(self._sock, limits=self.limits)
                 return decode(frames, (WeightsChunk, WeightsManifest, Error, Heartbeat, Hello), self.limits)

@@ -57,8 +57,10 @@ run_bench() {
   if [ "$(left)" -gt "$est" ]; then
     echo "== bench $name (est ${est}s, $(left)s left) =="
     local b0; b0=$(date +%s)
-    # SIGINT at the limit: a Python bench prints the traceback of where it was (then KILL 10 s later)
-    timeout -s INT -k 10 $(( $(left) - 15 )) "$@" > "$out/bench_$name.log" 2>&1
+    # SIGINT at the limit: a Python bench prints the traceback of where it was (then KILL BENCH_KILL_S, default
+    # 10, s later)
+    local kill_s=${BENCH_KILL_S:-10}
+    timeout -s INT -k "$kill_s" $(( $(left) - 5 - kill_s )) "$@" > "$out/bench_$name.log" 2>&1
     echo "bench $name rc=$? wall=$(( $(date +%s) - b0 ))s" >> "$out/benches.txt"
     tail -25 "$out/bench_$name.log"
   else
@@ -112,7 +114,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
              ls -la "$out/h200run.tar.gz" >> "$out/benches.txt" ;;
     seeds)  # issue 10's measurement over 3 seeds of the local preset, the three runs at once on this host: JAX on the
             # GPU (a few % of its memory each), the sandbox's cpu backend on the cores (SEEDS_BUDGET_S, default 540)
-             XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 run_bench seeds "${SEEDS_BUDGET_S:-540}" python3 benchmarks/train_bench.py \
+             # BENCH_KILL_S: at the limit train_bench stops the runs with checkpoints (up to 60 s), then reports
+             XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 BENCH_KILL_S=75 run_bench seeds "${SEEDS_BUDGET_S:-540}" python3 benchmarks/train_bench.py \
                runs --preset local --seeds 0,1,2 --parallel --out /tmp/seeds device=cpu jax_memory_fraction=0.05 \
                actor.sampler_memory_fraction=0.04 node.workers=3 node.build_workers=2 actor.concurrent_episodes=16 \
                actor.max_batch=16 stages.warm_start.time_budget_s=100 stages.single_turn_ppo.updates=10 \

@@ -101,7 +101,9 @@ def test_actor_run_trains_against_a_learner(tokenizer, sandbox_node, tmp_path):
 
 
 @pytest.mark.slow
-def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summary(tokenizer, sandbox_node, tmp_path):
+@pytest.mark.parametrize("learner_gone", [False, True])
+def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summary(tokenizer, sandbox_node, tmp_path,
+                                                                                   learner_gone):
     """A second signal (the supervisor's stop at a stage's end) cancels the running episodes; the trajectories the
     learner has not acknowledged get a short flush (actors.cli.ABORT_FLUSH_S), not a minute: the supervisor's grace
     period would run out and its SIGKILL lose the actor's summary."""
@@ -140,10 +142,13 @@ def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summa
          "--set", "agent.max_new_tokens_per_turn=8", "--set", "agent.min_new_tokens_per_turn=4",
          "--set", "agent.max_context_tokens=1023", "--set", "concurrent_episodes=2",
          "--set", "sampler_min_batch_bucket=4", "--set", "sampler_min_prompt_bucket=256",
-         "--set", "agent.solution_format=auto"],
+         "--set", "agent.solution_format=auto", "--set", "weights_poll_s=0.5"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "actor.log", "w"))
     try:
         assert silent.poll(300_000), "no trajectory reached the learner's socket in 300 s"
+        if learner_gone:  # a stage's end: the learner has exited before the supervisor stops the actors
+            publisher.close()
+            time.sleep(1.0)  # a weights poll (10 s timeout) is now waiting for the gone publisher
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         t0 = time.monotonic()
@@ -155,8 +160,29 @@ def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summa
             proc.kill()
         silent.close(0)
         ctx.term()
-        publisher.close()
+        if not learner_gone:
+            publisher.close()
     assert proc.returncode == 0, (tmp_path / "actor.log").read_text()[-3000:]
-    assert took_s < FLUSH_S / 2, f"an aborted actor took {took_s:.1f} s to exit (flush {ABORT_FLUSH_S} s)"
+    # the supervisor gives a PPO stage's actors 5 s (ppo_stage: stop_timeout_s=5.0) before its SIGKILL
+    assert took_s < 5.0, f"an aborted actor took {took_s:.1f} s to exit (flush {ABORT_FLUSH_S} s)"
     summary = json.loads(summary_file.read_text())
     assert summary["outbox"]["put"] >= 1 and summary["outbox"].get("acked", 0) == 0
+
+
+def test_flush_after_an_abort_that_lands_during_it_waits_only_the_short_flush():
+    """The supervisor's second signal can arrive while the actor already waits out its (60 s) flush."""
+    import threading
+    import time
+
+    from actors.cli import ABORT_FLUSH_S, _flush
+
+    class SilentOutbox:  # a learner that never acknowledges
+        def flush(self, timeout_s=None):
+            time.sleep(timeout_s or 0)
+            return False
+
+    abort = threading.Event()
+    threading.Timer(0.5, abort.set).start()
+    t0 = time.monotonic()
+    assert not _flush(SilentOutbox(), abort)
+    assert 0.5 + ABORT_FLUSH_S - 0.2 < time.monotonic() - t0 < 0.5 + ABORT_FLUSH_S + 1.0

@@ -134,7 +134,9 @@ def test_stop_all_with_two_signals_cancels_at_once_and_in_parallel(tmp_path):
         sup.stop_all([f"actor-{i}" for i in range(3)], signals=2)
         took = time.monotonic() - t0
         # each exited on its own, after its 2nd signal
-        assert all(out.read_text() == "SIGTERM,SIGINT" for out in outs), [o.read_text() for o in outs]
+        # (both pending at once, e.g. on a loaded box, Python runs SIGINT's handler first: the order is not the point)
+        assert all(sorted(out.read_text().split(",")) == ["SIGINT", "SIGTERM"] for out in outs), \
+            [o.read_text() for o in outs]
         assert all(sup.children[f"actor-{i}"].returncode == 0 for i in range(3))
         assert took < 5.0  # no actor waited out its 5 s grace
 
