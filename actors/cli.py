@@ -64,17 +64,14 @@ beats trajectories a gone learner will never acknowledge."""
 
 
 def _flush(outbox, abort: threading.Event) -> bool:
-    """Wait until the learner has acknowledged every trajectory: up to FLUSH_S, or ABORT_FLUSH_S once `abort` is set
-    (before or during the wait: after an abort the supervisor is about to SIGKILL us, and a summary written beats
-    trajectories a gone learner will never acknowledge). Returns whether everything was acknowledged."""
-    deadline = time.monotonic() + FLUSH_S
-    abort_deadline = None
+    """Wait until the learner has acknowledged every trajectory: up to FLUSH_S, cut to ABORT_FLUSH_S from the moment
+    `abort` is set (before or during the wait). Returns whether everything was acknowledged."""
+    end = time.monotonic() + FLUSH_S
+    cut = False
     while True:
-        now = time.monotonic()
-        if abort.is_set() and abort_deadline is None:
-            abort_deadline = now + ABORT_FLUSH_S
-        end = min(deadline, abort_deadline or deadline)
-        if outbox.flush(timeout_s=max(0.0, min(0.1, end - now))):
+        if abort.is_set() and not cut:
+            end, cut = min(end, time.monotonic() + ABORT_FLUSH_S), True
+        if outbox.flush(timeout_s=max(0.0, min(0.1, end - time.monotonic()))):
             return True
         if time.monotonic() >= end:
             return False

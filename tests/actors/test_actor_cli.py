@@ -25,6 +25,29 @@ def cuda_agent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+#: `--set` overrides of `cuda-agent actor run` for the tiny model: short turns, small sampler buckets
+_TINY_ACTOR_SETS = ("--set", "agent.skill=brief", "--set", "agent.max_turns=2",
+                    "--set", "agent.max_new_tokens_per_turn=8", "--set", "agent.min_new_tokens_per_turn=4",
+                    "--set", "agent.max_context_tokens=1023", "--set", "sampler_min_batch_bucket=4",
+                    "--set", "sampler_min_prompt_bucket=256", "--set", "agent.solution_format=auto")
+
+
+def _tiny_model_and_task(tokenizer, tmp_path: Path):
+    """(ModelConfig, model folder, tasks.jsonl): a tiny model's config.json and tokenizer (weights come from the
+    test's publisher), and one task."""
+    from learner.hf_checkpoint import config_to_hf
+    from learner.model import ModelConfig
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
+    (model_dir / "config.json").write_text(json.dumps(config_to_hf(cfg)))
+    tokenizer.save(model_dir / "tokenizer.json")
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl([make_task()], tasks)
+    return cfg, model_dir, tasks
+
+
 def test_actor_help_lists_run_and_eval():
     out = cuda_agent("actor", "--help")
     assert out.returncode == 0 and "run" in out.stdout and "eval" in out.stdout
@@ -62,18 +85,10 @@ def test_actor_eval_with_an_openai_endpoint_writes_per_task_results(tokenizer, s
 @pytest.mark.slow
 def test_actor_run_trains_against_a_learner(tokenizer, sandbox_node, tmp_path):
     from actors.weights import random_policy_tensors
-    from learner.hf_checkpoint import config_to_hf
-    from learner.model import ModelConfig
     from protocol.trajectory_channel import TrajectoryReceiver
     from protocol.weights_channel import WeightsPublisher
 
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
-    (model_dir / "config.json").write_text(json.dumps(config_to_hf(cfg)))
-    tokenizer.save(model_dir / "tokenizer.json")
-    tasks = tmp_path / "tasks.jsonl"
-    write_jsonl([make_task()], tasks)
+    cfg, model_dir, tasks = _tiny_model_and_task(tokenizer, tmp_path)
     traj_port, weights_port = free_port(), free_port()
     receiver = TrajectoryReceiver(f"tcp://127.0.0.1:{traj_port}", tmp_path / "spool").start()
     publisher = WeightsPublisher(f"tcp://127.0.0.1:{weights_port}").start()
@@ -84,11 +99,7 @@ def test_actor_run_trains_against_a_learner(tokenizer, sandbox_node, tmp_path):
                          "--tasks", str(tasks), "--max-episodes", "3", "--summary-out", str(summary_file),
                          "--set", f"trajectories_endpoint=tcp://127.0.0.1:{traj_port}",
                          "--set", f"weights_endpoint=tcp://127.0.0.1:{weights_port}",
-                         "--set", "agent.skill=brief", "--set", "agent.max_turns=2",
-                         "--set", "agent.max_new_tokens_per_turn=8", "--set", "agent.min_new_tokens_per_turn=4",
-                         "--set", "agent.max_context_tokens=1023", "--set", "concurrent_episodes=3",
-                         "--set", "sampler_min_batch_bucket=4", "--set", "sampler_min_prompt_bucket=256",
-                         "--set", "agent.solution_format=auto", timeout=400)
+                         *_TINY_ACTOR_SETS, "--set", "concurrent_episodes=3", timeout=400)
         assert res.returncode == 0, res.stderr[-3000:]
         trajs, _ = receiver.spool.read(max_records=10)
     finally:
@@ -114,17 +125,9 @@ def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summa
 
     from actors.cli import ABORT_FLUSH_S, FLUSH_S
     from actors.weights import random_policy_tensors
-    from learner.hf_checkpoint import config_to_hf
-    from learner.model import ModelConfig
     from protocol.weights_channel import WeightsPublisher
 
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    cfg = ModelConfig.tiny(vocab_size=tokenizer.vocab_size)
-    (model_dir / "config.json").write_text(json.dumps(config_to_hf(cfg)))
-    tokenizer.save(model_dir / "tokenizer.json")
-    tasks = tmp_path / "tasks.jsonl"
-    write_jsonl([make_task()], tasks)
+    cfg, model_dir, tasks = _tiny_model_and_task(tokenizer, tmp_path)
     traj_port, weights_port = free_port(), free_port()
     ctx = zmq.Context()
     silent = ctx.socket(zmq.ROUTER)  # a hung learner: takes trajectories, never acknowledges one
@@ -138,11 +141,7 @@ def test_actor_run_aborted_with_a_silent_learner_exits_soon_and_writes_its_summa
          sandbox_node.endpoint, "--tasks", str(tasks), "--summary-out", str(summary_file),
          "--set", f"trajectories_endpoint=tcp://127.0.0.1:{traj_port}",
          "--set", f"weights_endpoint=tcp://127.0.0.1:{weights_port}",
-         "--set", "agent.skill=brief", "--set", "agent.max_turns=2",
-         "--set", "agent.max_new_tokens_per_turn=8", "--set", "agent.min_new_tokens_per_turn=4",
-         "--set", "agent.max_context_tokens=1023", "--set", "concurrent_episodes=2",
-         "--set", "sampler_min_batch_bucket=4", "--set", "sampler_min_prompt_bucket=256",
-         "--set", "agent.solution_format=auto", "--set", "weights_poll_s=0.5"],
+         *_TINY_ACTOR_SETS, "--set", "concurrent_episodes=2", "--set", "weights_poll_s=0.5"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "actor.log", "w"))
     try:
         assert silent.poll(300_000), "no trajectory reached the learner's socket in 300 s"

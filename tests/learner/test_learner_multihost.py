@@ -19,8 +19,9 @@ WORKER = Path(__file__).with_name("_multihost_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
 HANG_S = 420
-"""A pair normally takes about a minute on the 2-core box. CI saw one hang of more than 900 s (2026-12-04, not
-reproduced here in 8 runs): the worker's faulthandler then shows where, and the pair runs once more."""
+"""A pair took 59-289 s in 7 runs by hand on the 2-core box (the slowest beside another training run). CI saw one
+hang of more than 900 s (2026-12-04), not reproduced here: the worker's faulthandler then shows where, and a pure
+hang runs once more."""
 
 
 def _env(devices: int) -> dict:
@@ -63,16 +64,17 @@ def _run_pair(tmp_path: Path) -> list[tuple[int, str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # several JAX processes compiling: slow on a loaded 2-core box
 def test_two_learner_processes_on_loopback(tmp_path):
-    first = _run_pair(tmp_path)
-    hung = [out for rc, out in first if rc != 0 and "Timeout (0:" in out]
-    # only a pure hang runs again: a Python traceback in either process is a real failure, reported as one
-    if hung and not any("Traceback (most recent call last)" in out for _, out in first):  # the stacks go to the warnings summary, and the pair runs again
+    pair = _run_pair(tmp_path)
+    hung = [out for rc, out in pair if rc != 0 and "Timeout (0:" in out]
+    # only a pure hang runs again (its stacks go to the warnings summary); a Python traceback in either process is
+    # a real failure, reported as one
+    if hung and not any("Traceback (most recent call last)" in out for _, out in pair):
         warnings.warn("a distributed pair hung; the stuck process's stacks:\n" + hung[0][-4000:])
         for f in tmp_path.glob("metrics_2_*.json"):
             f.unlink()
         shutil.rmtree(tmp_path / "ckpt_2", ignore_errors=True)
-        first = _run_pair(tmp_path)
-    for rc, out in first:
+        pair = _run_pair(tmp_path)
+    for rc, out in pair:
         assert rc == 0, out[-3000:]
     single = subprocess.run([sys.executable, str(WORKER), str(tmp_path), "1", "0", "-"], env=_env(4),
                             capture_output=True, text=True, timeout=900)
