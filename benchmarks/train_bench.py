@@ -248,7 +248,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--parallel", action="store_true", help="`runs`: start every seed's run at once")
     p.add_argument("overrides", nargs="*", help="key=value overrides for `runs`")
-    a = p.parse_args()
+    a = p.parse_intermixed_args()
     if a.what == "sft":
         bench_sft(a.preset, a.steps)
     elif a.what == "baseline-cache":
