@@ -153,7 +153,8 @@ class ActorConfig:
     learner: no pile of trajectories the staleness bound will drop, and on a shared GPU no sampling that takes the
     learner's time for nothing. None = automatic: a PPO stage of `cuda-agent train` sets the actor's share of the
     stage's batch, anywhere else (a standalone actor, evaluations) there is no limit; 0 = no limit, also in a PPO
-    stage."""
+    stage. In a PPO stage a share (automatic or set) is one batch's: with weights published every K updates the
+    stage adds K - 1 to `versions_ahead`."""
     versions_ahead: int = 1
     """How many batches beyond the current version's share an actor may sample ahead of the learner (with
     `episodes_per_version`): 1 lets the next batch be sampled while the learner trains on this one."""

@@ -103,6 +103,11 @@ def test_actors_and_evaluations_sample_with_the_runs_numerics(tmp_path):
     off = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, episodes_per_version=0))
     acfg_off = actor_config(types.SimpleNamespace(cfg=off, fmt="cubin"), "multi_turn_ppo")
     assert acfg_off.episodes_per_version == 0 and acfg_off.versions_ahead == 1
+    # a share set by the user is also one batch's: with K = 3 its actors run 2 more versions ahead (they waited for
+    # the liveness valve before)
+    own = dataclasses.replace(cfg3, actor=dataclasses.replace(cfg.actor, episodes_per_version=5))
+    acfg_own = actor_config(types.SimpleNamespace(cfg=own, fmt="cubin"), "multi_turn_ppo")
+    assert acfg_own.episodes_per_version == 5 and acfg_own.versions_ahead == 3
     with pytest.raises(ValueError, match="episodes_per_version"):
         ActorConfig(episodes_per_version=-1)
     with pytest.raises(ValueError, match="attention_impl"):
