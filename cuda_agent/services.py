@@ -47,6 +47,24 @@ def child_env(cpu_threads: int | None = None, jax_memory_fraction: float | None 
     return env
 
 
+def sandbox_env(cache_dir: Path) -> dict[str, str]:
+    """Environment of the sandbox node and of the prewarm of its baselines: the inductor cache (torch.compile
+    baselines) under `cache_dir`, so later runs reuse it, compiled with one thread (the same cache keys in both)."""
+    env = child_env()
+    env.update({"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    return env
+
+
+def prewarm_spec(name: str, config_yaml: Path, task_files: Sequence[Path], device: str, cache_dir: Path,
+                 out: Path, niceness: int = 10) -> ProcessSpec:
+    """`python -m sandbox.prewarm CONFIG TASKS...` at a lower CPU priority (`nice`): it compiles the tasks'
+    torch.compile baselines into the node's inductor cache while the cores are otherwise busy with training."""
+    argv = ["nice", "-n", str(niceness), sys.executable, "-m", "sandbox.prewarm", str(config_yaml),
+            *map(str, task_files), "--device", device, "--out", str(out)]
+    return ProcessSpec(name=name, argv=argv, env=sandbox_env(cache_dir), cwd=str(REPO_ROOT), restart=False,
+                       stop_timeout_s=10.0)
+
+
 def sandbox_node_spec(name: str, config_yaml: Path, endpoint: str, ready_file: Path, cache_dir: Path,
                       overrides: Sequence[str] = (), restart: bool = True, max_restarts: int = 5,
                       stop_timeout_s: float = 60.0) -> ProcessSpec:
@@ -54,9 +72,8 @@ def sandbox_node_spec(name: str, config_yaml: Path, endpoint: str, ready_file: P
     lives under `cache_dir` so that later runs reuse it."""
     argv = [sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", str(config_yaml), f"endpoint={endpoint}",
             f"ready_file={ready_file}", *overrides]
-    env = child_env()
-    env.update({"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TORCHINDUCTOR_COMPILE_THREADS": "1"})
-    return ProcessSpec(name=name, argv=argv, env=env, cwd=str(REPO_ROOT), restart=restart, max_restarts=max_restarts,
+    return ProcessSpec(name=name, argv=argv, env=sandbox_env(cache_dir), cwd=str(REPO_ROOT), restart=restart,
+                       max_restarts=max_restarts,
                        restart_on_exit_0=restart, stop_timeout_s=stop_timeout_s, ready_file=str(ready_file))
 
 

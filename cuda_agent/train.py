@@ -180,6 +180,7 @@ class TrainDriver:
             self._progress_start()
             self._start_sandbox()  # comes up while the model is prepared
             self._prepare()
+            self._start_prewarm()
             self._wait_sandbox()
             if cfg.eval.initial:
                 self._evaluate("initial", self.state["policy"])
@@ -326,6 +327,19 @@ class TrainDriver:
                                  stop_timeout_s=cfg.supervision.stop_timeout_s)
         self.sup.start(spec)
         self._sandbox_bar = (bar, backend)
+
+    def _start_prewarm(self) -> None:
+        """The baselines' prewarm (`sandbox.prewarm`) in a child that runs alongside the next stages; the soonest
+        evaluated tasks first. Its results go to prewarm.json; a failed prewarm costs nothing but time."""
+        from cuda_agent.services import cache_root, prewarm_spec
+
+        tdir = self.run_dir / "tasks"
+        files = [f for f in (tdir / "eval.jsonl", tdir / "train_probe.jsonl", tdir / "rollout.jsonl") if f.exists()]
+        if not self.cfg.prewarm_baselines or not self.cfg.node.sandbox.use_compile or not files:
+            return
+        self.sup.start(prewarm_spec("prewarm", self.run_dir / "sandbox.yaml", files,
+                                    "cuda:0" if self.device == "cuda" else "cpu", cache_root(self.cfg.cache_dir),
+                                    self.run_dir / "prewarm.json"))
 
     def _wait_sandbox(self) -> None:
         bar, backend = self._sandbox_bar

@@ -136,6 +136,10 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
         assert f"plots/{png}.png" in report
     assert "| after_multi_turn_ppo | eval |" in report and "## Per task" in report
     assert "sandbox restarting" in report  # the process events section
+    # the baselines' prewarm ran beside the warm start, on the evaluation split first
+    prewarm_log = (run / "logs" / "prewarm.log").read_text()
+    ev_ids = [json.loads(ln)["id"] for ln in (run / "tasks" / "eval.jsonl").read_text().splitlines() if ln.strip()]
+    assert f"prewarm {ev_ids[0]}: " in prewarm_log, prewarm_log[-2000:]
 
 
 @pytest.mark.slow

@@ -1,0 +1,101 @@
+"""sandbox.prewarm: a task's torch.compile baseline compiled ahead of time is found in inductor's cache by a later
+process compiling it the way the trusted worker does (real torch.compile, real processes, a private cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tasks.loaders import load_py_file, write_jsonl
+from tasks.schema import Task
+
+from sandbox_testlib import CORPUS
+
+REPO = Path(__file__).resolve().parents[2]
+
+BROKEN = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        raise RuntimeError("this reference cannot be built")
+
+    def forward(self, x):
+        return x
+
+
+def get_inputs():
+    return [torch.randn(8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# the trusted worker's path: TaskState from the pristine source, compiled_model on one input set; prints inductor's
+# FX graph cache counters of this fresh process
+WORKER_SIDE = '''
+import json, sys, torch
+from torch._dynamo.utils import counters
+from sandbox.reference_worker import TaskState
+from tasks.loaders import load_jsonl
+torch.set_num_threads(1)
+task = load_jsonl(sys.argv[1])[0]
+st = TaskState(task.reference, task.id, "cpu")
+assert st.compiled_model("default", st.to_device(st.make_inputs(7))) is not None, st.compile_error
+print(json.dumps(dict(counters["inductor"])))
+'''
+
+
+def _env(cache: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(cache),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def _worker_counters(tasks: Path, cache: Path) -> dict:
+    p = subprocess.run([sys.executable, "-c", WORKER_SIDE, str(tasks)], env=_env(cache), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_prewarmed_baseline_is_a_cache_hit_for_the_worker(tmp_path):
+    task = load_py_file(CORPUS / "elementwise_chain" / "model.py", task_id="elementwise_chain")
+    broken = Task(id="broken_ref", name="broken_ref", reference=BROKEN)
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl([broken, task], tasks)
+    only = tmp_path / "only.jsonl"
+    write_jsonl([task], only)
+    node_yaml = tmp_path / "node.yaml"
+    node_yaml.write_text("sandbox:\n  backend: cpu\n  cpu_threads: 1\n")
+
+    # control: without a prewarm the worker side compiles from scratch (a miss, no hit) in an empty cache
+    cold = _worker_counters(only, tmp_path / "cold-cache")
+    assert cold.get("fxgraph_cache_miss", 0) >= 1 and cold.get("fxgraph_cache_hit", 0) == 0, cold
+
+    cache = tmp_path / "cache"
+    out = tmp_path / "prewarm.json"
+    p = subprocess.run([sys.executable, "-m", "sandbox.prewarm", str(node_yaml), str(tasks), str(tasks), "--out",
+                        str(out)], env=_env(cache), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["tasks"] == 2  # the file given twice: each task once
+    by_id = {r["task_id"]: r for r in res["results"]}
+    assert by_id["broken_ref"]["status"] == "reference_failed"
+    assert "cannot be built" in by_id["broken_ref"]["message"]
+    assert by_id["elementwise_chain"]["status"] == "compiled" and by_id["elementwise_chain"]["compile_s"] > 0
+
+    warm = _worker_counters(only, cache)
+    assert warm.get("fxgraph_cache_hit", 0) >= 1 and warm.get("fxgraph_cache_miss", 0) == 0, warm
+
+
+def test_prewarm_bad_input_is_named(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "sandbox.prewarm", str(tmp_path / "missing.yaml"),
+                        str(tmp_path / "none.jsonl")], env=_env(tmp_path / "c"), capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert p.returncode == 2 and "missing.yaml" in p.stderr, p.stderr
