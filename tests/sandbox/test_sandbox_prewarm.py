@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tasks.loaders import load_py_file, write_jsonl
 from tasks.schema import Task
 
@@ -46,25 +48,26 @@ from sandbox.reference_worker import TaskState
 from tasks.loaders import load_jsonl
 torch.set_num_threads(1)
 task = load_jsonl(sys.argv[1])[0]
-st = TaskState(task.reference, task.id, "cpu")
+st = TaskState(task.reference, task.id, sys.argv[2])
 assert st.compiled_model("default", st.to_device(st.make_inputs(7))) is not None, st.compile_error
 print(json.dumps(dict(counters["inductor"])))
 '''
 
 
 def _env(cache: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(cache),
+    path = os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    return {**os.environ, "PYTHONPATH": path, "TORCHINDUCTOR_CACHE_DIR": str(cache),
             "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
-def _worker_counters(tasks: Path, cache: Path) -> dict:
-    p = subprocess.run([sys.executable, "-c", WORKER_SIDE, str(tasks)], env=_env(cache), capture_output=True,
+def _worker_counters(tasks: Path, cache: Path, device: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", WORKER_SIDE, str(tasks), device], env=_env(cache), capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def test_prewarmed_baseline_is_a_cache_hit_for_the_worker(tmp_path):
+def _prewarm_then_worker(tmp_path: Path, device: str) -> None:
     task = load_py_file(CORPUS / "elementwise_chain" / "model.py", task_id="elementwise_chain")
     broken = Task(id="broken_ref", name="broken_ref", reference=BROKEN)
     tasks = tmp_path / "tasks.jsonl"
@@ -75,13 +78,14 @@ def test_prewarmed_baseline_is_a_cache_hit_for_the_worker(tmp_path):
     node_yaml.write_text("sandbox:\n  backend: cpu\n  cpu_threads: 1\n")
 
     # control: without a prewarm the worker side compiles from scratch (a miss, no hit) in an empty cache
-    cold = _worker_counters(only, tmp_path / "cold-cache")
+    cold = _worker_counters(only, tmp_path / "cold-cache", device)
     assert cold.get("fxgraph_cache_miss", 0) >= 1 and cold.get("fxgraph_cache_hit", 0) == 0, cold
 
     cache = tmp_path / "cache"
     out = tmp_path / "prewarm.json"
     p = subprocess.run([sys.executable, "-m", "sandbox.prewarm", str(node_yaml), str(tasks), str(tasks), "--out",
-                        str(out)], env=_env(cache), capture_output=True, text=True, timeout=600, cwd=REPO)
+                        str(out), "--device", device], env=_env(cache), capture_output=True, text=True, timeout=600,
+                       cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["tasks"] == 2  # the file given twice: each task once
@@ -90,8 +94,18 @@ def test_prewarmed_baseline_is_a_cache_hit_for_the_worker(tmp_path):
     assert "cannot be built" in by_id["broken_ref"]["message"]
     assert by_id["elementwise_chain"]["status"] == "compiled" and by_id["elementwise_chain"]["compile_s"] > 0
 
-    warm = _worker_counters(only, cache)
+    warm = _worker_counters(only, cache, device)
     assert warm.get("fxgraph_cache_hit", 0) >= 1 and warm.get("fxgraph_cache_miss", 0) == 0, warm
+
+
+def test_prewarmed_baseline_is_a_cache_hit_for_the_worker(tmp_path):
+    _prewarm_then_worker(tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+def test_prewarmed_baseline_is_a_cache_hit_for_the_worker_on_cuda(tmp_path):
+    """The same on the GPU: inductor's Triton kernels and the FX graph come from the prewarm's cache."""
+    _prewarm_then_worker(tmp_path, "cuda:0")
 
 
 def test_prewarm_bad_input_is_named(tmp_path):
