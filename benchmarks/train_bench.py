@@ -135,7 +135,8 @@ def _eval_rows(run: Path) -> list[dict]:
         built = sum(v for k, v in sc.items() if k in ("ok", "incorrect", "runtime_error", "load_error", "timeout"))
         rows.append({"tag": d["tag"], "split": d.get("split", "eval"), "order": d.get("order", 0),
                      "mean_reward": m["mean_reward"], "pass_rate": m["pass_rate"],
-                     "build_rate": built / max(m["samples"], 1), "samples": m["samples"]})
+                     "build_rate": built / max(m["samples"], 1), "samples": m["samples"],
+                     "wall_s": d.get("wall_s")})
     return sorted(rows, key=lambda r: r["order"])
 
 
@@ -218,10 +219,10 @@ def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str], paral
             "-" if v is None else f"{v:.0f}" for v in r["stages"].values()) + " |")
     tags = [e["tag"] for e in results[0]["evals"]]
     print("\n| evaluation | split | " + " | ".join(f"seed {r['seed']} reward / pass / built" for r in results)
-          + " | mean reward | mean pass rate | mean build rate |")
-    print("|" + " --- |" * (5 + len(results)))
+          + " | mean reward | mean pass rate | mean build rate | mean wall (s) |")
+    print("|" + " --- |" * (6 + len(results)))
     for tag in tags:
-        cells, rw, pr, br = [], [], [], []
+        cells, rw, pr, br, wall = [], [], [], [], []
         split = "eval"
         for r in results:
             e = next((x for x in r["evals"] if x["tag"] == tag), None)
@@ -233,9 +234,11 @@ def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str], paral
             rw.append(e["mean_reward"])
             pr.append(e["pass_rate"])
             br.append(e["build_rate"])
+            if e.get("wall_s") is not None:  # the evaluation's wall time (the first one pays cold baselines)
+                wall.append(e["wall_s"])
         mean = (lambda xs: sum(xs) / len(xs) if xs else float("nan"))
         print(f"| {tag} | {split} | " + " | ".join(cells) +
-              f" | {mean(rw):+.3f} | {mean(pr):.1%} | {mean(br):.1%} |")
+              f" | {mean(rw):+.3f} | {mean(pr):.1%} | {mean(br):.1%} | {mean(wall):.0f} |")
     (out / f"{preset}-summary.json").write_text(json.dumps(results, indent=2))
 
 
