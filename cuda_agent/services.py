@@ -56,11 +56,12 @@ def sandbox_env(cache_dir: Path) -> dict[str, str]:
 
 
 def prewarm_spec(name: str, config_yaml: Path, task_files: Sequence[Path], device: str, cache_dir: Path,
-                 out: Path, niceness: int = 10) -> ProcessSpec:
-    """`python -m sandbox.prewarm CONFIG TASKS...` at a lower CPU priority (`nice`): it compiles the tasks'
-    torch.compile baselines into the node's inductor cache while the cores are otherwise busy with training."""
-    argv = ["nice", "-n", str(niceness), sys.executable, "-m", "sandbox.prewarm", str(config_yaml),
-            *map(str, task_files), "--device", device, "--out", str(out)]
+                 out: Path, deadline_s: float, niceness: int = 10) -> ProcessSpec:
+    """`python -m sandbox.prewarm CONFIG TASKS...` at a lower CPU priority (`--nice`): it compiles the tasks'
+    torch.compile baselines into the node's inductor cache while the cores are otherwise busy with training, and
+    starts no task after `deadline_s`."""
+    argv = [sys.executable, "-m", "sandbox.prewarm", str(config_yaml), *map(str, task_files), "--device", device,
+            "--out", str(out), "--deadline-s", f"{deadline_s:g}", "--nice", str(niceness)]
     return ProcessSpec(name=name, argv=argv, env=sandbox_env(cache_dir), cwd=str(REPO_ROOT), restart=False,
                        stop_timeout_s=10.0)
 

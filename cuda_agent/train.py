@@ -329,17 +329,23 @@ class TrainDriver:
         self._sandbox_bar = (bar, backend)
 
     def _start_prewarm(self) -> None:
-        """The baselines' prewarm (`sandbox.prewarm`) in a child that runs alongside the next stages; the soonest
-        evaluated tasks first. Its results go to prewarm.json; a failed prewarm costs nothing but time."""
+        """The baselines' prewarm (`sandbox.prewarm`) in a child beside the warm start (no task started after the
+        warm start's time budget), the soonest evaluated tasks first; one result line per task in prewarm.jsonl.
+        CPU backend only: on a GPU it would run beside timed work without the timing lock. A prewarm that fails
+        or cannot start costs nothing but time."""
         from cuda_agent.services import cache_root, prewarm_spec
 
+        cfg = self.cfg
         tdir = self.run_dir / "tasks"
         files = [f for f in (tdir / "eval.jsonl", tdir / "train_probe.jsonl", tdir / "rollout.jsonl") if f.exists()]
-        if not self.cfg.prewarm_baselines or not self.cfg.node.sandbox.use_compile or not files:
+        if not cfg.prewarm_baselines or not cfg.node.sandbox.use_compile or self.device == "cuda" or not files:
             return
-        self.sup.start(prewarm_spec("prewarm", self.run_dir / "sandbox.yaml", files,
-                                    "cuda:0" if self.device == "cuda" else "cpu", cache_root(self.cfg.cache_dir),
-                                    self.run_dir / "prewarm.json"))
+        try:
+            self.sup.start(prewarm_spec("prewarm", self.run_dir / "sandbox.yaml", files, "cpu",
+                                        cache_root(cfg.cache_dir), self.run_dir / "prewarm.jsonl",
+                                        cfg.stages.warm_start.time_budget_s))
+        except OSError as e:  # an optimisation, never the run's failure
+            log.warning("prewarm of the baselines not started: %s", e)
 
     def _wait_sandbox(self) -> None:
         bar, backend = self._sandbox_bar

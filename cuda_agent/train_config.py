@@ -299,7 +299,7 @@ class TrainConfig:
     prewarm_baselines: bool = True
     """While the model is prepared and the warm start trains, compile the torch.compile baselines of the evaluation
     split, the training probe and the rollout tasks into the sandbox node's inductor cache (`sandbox.prewarm`, at
-    nice 10), so that the first evaluation and the first rollouts do not pay them."""
+    nice 10), so that the first evaluation and the first rollouts do not pay them. CPU backend only."""
     jax_memory_fraction: Optional[float] = None
     """Share of the GPU's memory each JAX process of the driver's (learner, evaluation) may take, so that the
     actors (actor.sampler_memory_fraction) and the sandbox node can share one GPU; None = JAX's default."""

@@ -1569,7 +1569,9 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
         with torch.no_grad():
             return state.model(*a)
 
-    with pf.quiet():  # torch.compile's first call and its graphs run with the input thread held (as when timed)
+    # torch.compile's first call and its graphs run with the input thread held (as when timed); compiled here, at
+    # cpu_threads torch threads (part of inductor's cache key on the CPU), as sandbox.prewarm compiles it ahead
+    with pf.quiet():
         compiled = state.compiled_model(cfg.compile_mode, x0) if cfg.use_compile else None
     if state.compile_error:
         out["log"].append(state.compile_error)

@@ -139,7 +139,7 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
     # the baselines' prewarm ran beside the warm start, on the evaluation split first
     prewarm_log = (run / "logs" / "prewarm.log").read_text()
     ev_ids = [json.loads(ln)["id"] for ln in (run / "tasks" / "eval.jsonl").read_text().splitlines() if ln.strip()]
-    assert f"prewarm {ev_ids[0]}: " in prewarm_log, prewarm_log[-2000:]
+    assert f"prewarm {ev_ids[0]}: compiled" in prewarm_log, prewarm_log[-2000:]
 
 
 @pytest.mark.slow

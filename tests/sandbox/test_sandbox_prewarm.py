@@ -82,14 +82,14 @@ def _prewarm_then_worker(tmp_path: Path, device: str) -> None:
     assert cold.get("fxgraph_cache_miss", 0) >= 1 and cold.get("fxgraph_cache_hit", 0) == 0, cold
 
     cache = tmp_path / "cache"
-    out = tmp_path / "prewarm.json"
+    out = tmp_path / "prewarm.jsonl"
     p = subprocess.run([sys.executable, "-m", "sandbox.prewarm", str(node_yaml), str(tasks), str(tasks), "--out",
                         str(out), "--device", device], env=_env(cache), capture_output=True, text=True, timeout=600,
                        cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads(out.read_text())
-    assert res["tasks"] == 2  # the file given twice: each task once
-    by_id = {r["task_id"]: r for r in res["results"]}
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(rows) == 2  # the file given twice: each task once
+    by_id = {r["task_id"]: r for r in rows}
     assert by_id["broken_ref"]["status"] == "reference_failed"
     assert "cannot be built" in by_id["broken_ref"]["message"]
     assert by_id["elementwise_chain"]["status"] == "compiled" and by_id["elementwise_chain"]["compile_s"] > 0
@@ -108,8 +108,32 @@ def test_prewarmed_baseline_is_a_cache_hit_for_the_worker_on_cuda(tmp_path):
     _prewarm_then_worker(tmp_path, "cuda:0")
 
 
+def _prewarm_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sandbox.prewarm", *args], env=_env(tmp_path / "c"),
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
 def test_prewarm_bad_input_is_named(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "sandbox.prewarm", str(tmp_path / "missing.yaml"),
-                        str(tmp_path / "none.jsonl")], env=_env(tmp_path / "c"), capture_output=True, text=True,
-                       timeout=120, cwd=REPO)
+    p = _prewarm_cli(tmp_path, str(tmp_path / "missing.yaml"), str(tmp_path / "none.jsonl"))
     assert p.returncode == 2 and "missing.yaml" in p.stderr, p.stderr
+    tasks = tmp_path / "t.jsonl"
+    write_jsonl([load_py_file(CORPUS / "elementwise_chain" / "model.py", task_id="ec")], tasks)
+    bad_key = tmp_path / "bad.yaml"
+    bad_key.write_text("sandbox:\n  cpu_thread: 1\n")
+    p = _prewarm_cli(tmp_path, str(bad_key), str(tasks))
+    assert p.returncode == 2 and "cpu_thread" in p.stderr, p.stderr
+    good = tmp_path / "node.yaml"
+    good.write_text("sandbox:\n  backend: cpu\n")
+    for device, says in (("gpu", "cpu or cuda:N"), ("cuda:99", "GPU(s)")):
+        p = _prewarm_cli(tmp_path, str(good), str(tasks), "--device", device)
+        assert p.returncode == 2 and says in p.stderr, (device, p.stderr)
+    # a reference whose forward raises is the reference's failure, not torch.compile's
+    fwd = Task(id="fwd_broken", name="fwd_broken", reference=BROKEN.replace(
+        'raise RuntimeError("this reference cannot be built")', "pass").replace(
+        "return x", 'raise ValueError("forward is broken")'))
+    write_jsonl([fwd], tasks)
+    out = tmp_path / "out.jsonl"
+    p = _prewarm_cli(tmp_path, str(good), str(tasks), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    row = json.loads(out.read_text())
+    assert row["status"] == "reference_failed" and "forward is broken" in row["message"], row
