@@ -136,10 +136,28 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
         assert f"plots/{png}.png" in report
     assert "| after_multi_turn_ppo | eval |" in report and "## Per task" in report
     assert "sandbox restarting" in report  # the process events section
-    # the baselines' prewarm ran beside the warm start, on the evaluation split first
-    prewarm_log = (run / "logs" / "prewarm.log").read_text()
+    # the smoke preset times no torch.compile baseline (use_compile: false): nothing to prewarm
+    assert not (run / "logs" / "prewarm.log").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_prewarm_compiles_the_evaluation_baselines_beside_the_warm_start(tmp_path):
+    run = tmp_path / "run"
+    only_warm = ["stages.single_turn_ppo.enabled=false", "stages.multi_turn_ppo.enabled=false",
+                 "stages.rft.enabled=false", "stages.value_pretrain.enabled=false", "stages.warm_start.steps=4",
+                 "node.sandbox.use_compile=true"]
+    proc = _train(["--preset", "smoke", "--run-dir", str(run), *only_warm])
+    out, _ = proc.communicate(timeout=1100)
+    assert proc.returncode == 0, out[-4000:]
+    # the evaluation split first (its tasks are evaluated first), each in the node's env, one result line per task
     ev_ids = [json.loads(ln)["id"] for ln in (run / "tasks" / "eval.jsonl").read_text().splitlines() if ln.strip()]
+    prewarm_log = (run / "logs" / "prewarm.log").read_text()
     assert f"prewarm {ev_ids[0]}: compiled" in prewarm_log, prewarm_log[-2000:]
+    results = [json.loads(ln) for ln in (run / "prewarm.jsonl").read_text().splitlines()]
+    assert results[0]["task_id"] == ev_ids[0] and results[0]["status"] == "compiled"
+    assert "--nice 10" in prewarm_log and "sandbox.yaml" in prewarm_log
+    assert _state(run)["status"] == "finished"
 
 
 @pytest.mark.slow
