@@ -87,14 +87,16 @@ def check_disjoint(train: Sequence[Task], eval_tasks: Sequence[Task]) -> None:
             raise ValueError(f"evaluation task {t.id} is also a training task: the eval split must be held out")
 
 
-def composed_tasks(n: int, seed: int, eval_tasks: Sequence[Task]) -> list[Task]:
+def composed_tasks(n: int, seed: int, eval_tasks: Sequence[Task], id_prefix: str = "comp") -> list[Task]:
     """`n` extra training tasks for the warm start, composed on the spot: compositions of the demonstration
     family's operators (tasks.builtin.build_family.family_composer, seeded), each with a demonstration made by the
     generator. Not execution-filtered like the built-in splits (a demonstration only has to be a correct
-    translation of its reference; tests check a sample of them in the sandbox), never run as rollout tasks.
+    translation of its reference; tests check a sample of them in the sandbox). The warm start's are never run as
+    rollout tasks; `tasks.rollout_composed` makes a fresh set for the rollouts with a seed of its own.
 
     Held out: a composition with the operator chain of an evaluation task (or its very source) is skipped, so the
-    evaluation tasks stay unseen compositions. Deterministic in (n, seed, eval_tasks); ids "comp_<seed>_<index>".
+    evaluation tasks stay unseen compositions (pass more tasks in `eval_tasks` to hold their chains out too).
+    Deterministic in (n, seed, eval_tasks); ids "<id_prefix>_<seed>_<index>".
     About 10 ms per task on one core."""
     if n <= 0:
         return []
@@ -116,8 +118,16 @@ def composed_tasks(n: int, seed: int, eval_tasks: Sequence[Task]) -> list[Task]:
         index += 1
         if tuple(t.operators) in chains or t.reference in sources:
             continue
-        out.append(t.replace(id=f"comp_{seed}_{index - 1:05d}"))  # source stays "synthesized"
+        out.append(t.replace(id=f"{id_prefix}_{seed}_{index - 1:05d}"))  # source stays "synthesized"
     return out
+
+
+def fresh_compositions(n: int, run_seed: int, eval_tasks: Sequence[Task], warm_start_tasks: Sequence[Task]) -> list[Task]:
+    """`n` rollout tasks for `tasks.rollout_composed`: compositions of the demonstration family whose operator
+    chains are in neither the evaluation split nor the warm start's composed tasks (so no demonstration of them was
+    trained on). A composer seed of its own (1_000_000 + run seed; the warm start's is the run seed), ids
+    "fresh_<seed>_<index>"."""
+    return composed_tasks(n, 1_000_000 + run_seed, list(eval_tasks) + list(warm_start_tasks), id_prefix="fresh")
 
 
 def demos_for(tasks: Sequence[Task], fmt: str, variants: Sequence[str]) -> list[tuple[Task, object]]:

@@ -269,6 +269,8 @@ class TrainDriver:
 
         demo_ids = sorted({t.id for t, _ in demos_for(train, self.fmt, tuple(cfg.stages.warm_start.variants))})
         rollout = [t for t in train if t.id in demo_ids] if cfg.tasks.rollout_demo_tasks_only else train
+        if cfg.tasks.rollout_composed:
+            rollout = self._fresh_compositions(ev)
         write_jsonl(rollout or train, tdir / "rollout.jsonl")
         with_demos = [t for t in train if t.id in demo_ids]
         # the training probe: a fixed sample of the tasks with demonstrations (the same for every run seed)
@@ -282,12 +284,21 @@ class TrainDriver:
         self.state.setdefault("policy", info["path"])
         self.state["model"] = info
         self.state["tasks"] = {"train": len(train), "eval": len(ev), "with_demos": len(demo_ids),
-                               "probe": len(probe)}
+                               "probe": len(probe), "rollout": len(rollout or train)}
         self._save_state()
         self.metrics.log("stage", "prepare", 0, event="end", duration_s=time.monotonic() - t0, **{
             f"prepare/{k}": v for k, v in info.items() if isinstance(v, (int, float))})
         self._bar_update(bar, 3, f"model {info.get('params', '?')} parameters, vocab {info.get('vocab_size', '?')}",
                          done=True)
+
+    def _fresh_compositions(self, ev: list) -> list:
+        """tasks.rollout_composed fresh compositions for the PPO rollouts: chains held out from the evaluation
+        split and from the warm start's composed tasks (made here first, and kept for the stage worker)."""
+        from cuda_agent.corpus import fresh_compositions
+        from cuda_agent.prepare import write_composed
+
+        return fresh_compositions(self.cfg.tasks.rollout_composed, self.cfg.seed, ev,
+                                  write_composed(self.run_dir, self.cfg, ev))
 
     def _prepare_model(self) -> dict:
         """Tokenizer and initial model in a child process (JAX stays out of the driver)."""

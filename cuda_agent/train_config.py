@@ -121,10 +121,17 @@ class TaskSpec:
     """Use at most this many evaluation tasks (0 = all; the first N in file order, fixed across runs)."""
     rollout_demo_tasks_only: bool = False
     """PPO rollouts only on training tasks that have demonstrations (easier tasks for a small model)."""
+    rollout_composed: int = 0
+    """PPO rollouts on this many fresh compositions of the demonstration family instead of the training tasks:
+    no demonstration of them is trained on, their operator chains are in neither the warm start's composed tasks
+    nor the evaluation split (cuda_agent.corpus.composed_tasks, ids "fresh_*"). The reward then comes from the
+    kind of task the evaluation split holds, solved without a demonstration. 0 = rollouts on the training tasks."""
 
     def __post_init__(self) -> None:
         _check(self.format in ("auto", "cpu", "cubin", "extension"), f"tasks.format: unknown {self.format!r}")
-        _at_least(self, "tasks", max_train_tasks=0, max_eval_tasks=0)
+        _at_least(self, "tasks", max_train_tasks=0, max_eval_tasks=0, rollout_composed=0)
+        _check(not (self.rollout_composed and self.rollout_demo_tasks_only),
+               "tasks.rollout_composed and tasks.rollout_demo_tasks_only choose different rollout tasks: set one")
 
 
 @dataclasses.dataclass

@@ -55,3 +55,18 @@ def test_local_preset_demos_fit_whole_and_eval_tasks_have_none(local):
                                           cfg.actor.agent.skill)).ids) for t, d in pairs]
     assert max(lens) <= cfg.stages.warm_start.max_seq_len  # no demonstration is dropped as too long
     assert np.median(lens) < 0.5 * cfg.stages.warm_start.max_seq_len
+
+
+def test_fresh_rollout_compositions_are_unseen_chains(local):
+    from cuda_agent.corpus import composed_tasks, fresh_compositions
+
+    _, train, ev, _ = local
+    warm = composed_tasks(300, 0, ev)
+    fresh = fresh_compositions(40, 0, ev, warm)
+    assert len(fresh) == 40 and all(t.id.startswith("fresh_1000000_") for t in fresh)
+    seen = {tuple(t.operators) for t in list(ev) + warm}
+    assert not [t.id for t in fresh if tuple(t.operators) in seen]
+    assert not {t.reference for t in fresh} & {t.reference for t in list(ev) + list(train) + warm}
+    assert [t.id for t in fresh_compositions(40, 0, ev, warm)] == [t.id for t in fresh]  # deterministic
+    with pytest.raises(ValueError, match="rollout_composed and tasks.rollout_demo_tasks_only"):
+        load_config(TrainConfig, None, ["tasks.rollout_composed=8", "tasks.rollout_demo_tasks_only=true"])
