@@ -212,15 +212,16 @@ def bench_gpu(args: argparse.Namespace) -> dict[str, Any]:
             # the corpus sizes are searched only for the others
             split = (split_sets([x for x in args.split.split(",") if x], args.split_demos, args.split_per_bucket)
                      if args.split else {})
+            split = {name: sets for name, sets in split.items() if name in args.buckets}
             for name, sets in split.items():
                 print(f"[{time.monotonic() - t_start:5.0f} s] bucket {name} from the GPU split: "
                       + ", ".join(f"{d['fast'].task['id']} ({d['fast'].task['metadata']['eager_ms']:.1f} ms)"
                                   for d in sets), flush=True)
-            need = [b[0] for b in BUCKETS if b[0] not in split]
+            need = [b[0] for b in BUCKETS if b[0] not in split and b[0] in args.buckets]
             quick = {"use_compile": False, "reps": 5, "num_trials": 1}
             for f in factors:
                 for sol in corpus["fast"]:
-                    if all(len(variants[b]) >= args.per_bucket for b in need) or \
+                    if not need or all(len(variants[b]) >= args.per_bucket for b in need) or \
                             time.monotonic() - t_start > args.budget_s / 4:
                         break
                     task = sol.task if f == 1 else scaled_task(sol.task, f)
@@ -310,7 +311,15 @@ def main() -> int:
     ap.add_argument("--split-demos", default=f"{BUILTIN}/demos.jsonl", help="gpu: the GPU split's demonstrations")
     ap.add_argument("--split-per-bucket", type=int, default=1, help="gpu: GPU-split tasks per bucket (each "
                     "evaluation of one moves GiBs: tens of seconds)")
+    ap.add_argument("--buckets", default="lt1ms,1-10ms,10-100ms", help="gpu: the buckets to measure, of lt1ms "
+                    "(< 1 ms), 1-10ms, 10-100ms: the budget is shared among these only")
     args = ap.parse_args()
+    names = {_safe(b[0]): b[0] for b in BUCKETS}
+    asked = [x.strip() for x in args.buckets.split(",") if x.strip()]
+    unknown = [x for x in asked if x not in names and x not in names.values()]
+    if unknown or not asked:
+        ap.error(f"--buckets: unknown {unknown or 'empty list'}; choose from {', '.join(names)}")
+    args.buckets = {names.get(x, x) for x in asked}
     if args.backend == "gpu" and args.mix is None:
         args.mix = "fast=3,slow=1"
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -17,7 +17,7 @@
 #                      calibration_16 | no_harness_slack | none) and its time estimate (220 s)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: the defaults and NOISE_COMPARE's setting), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280; FLEET_WORKERS
-#                      node workers, default one per GPU),
+#                      node workers, default one per GPU; FLEET_ARGS more arguments, e.g. "--buckets 10-100ms"),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
 #                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
 #                      overhead (150 s: per-call host overhead, cubin), attention (90 s: cuDNN dense mask vs packed layout), stability (300 s: the same GPU-split demos
@@ -26,7 +26,8 @@
 #                      --preset h200` with short budgets, TRAIN_ARGS more overrides; the run folder less its weights
 #                      comes back as h200run.tar.gz), seeds (SEEDS_BUDGET_S, default 540: the local preset over 3 seeds at
 #                      once, JAX on the GPU, sandbox on the CPU cores, larger PPO budgets; SEEDS_ARGS more overrides;
-#                      seeds.tar.gz)
+#                      seeds.tar.gz), h200hf (TRAIN_BUDGET_S, default 540: the h200 preset from a small checkpoint
+#                      trained on a CPU machine, H200_HF; see its entry; h200hf.tar.gz)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
 mkdir -p "$out"
@@ -85,7 +86,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
                --tasks elementwise_chain,row_softmax,layer_norm,matmul --warmup-budget-s 90 --budget-s 110 \
                --total-budget-s 265 --jax-cache-dir /tmp/cuda-agent-jax-cache ${ACTOR_ARGS:-} ;;
     fleet)   run_bench fleet $(( ${FLEET_BUDGET_S:-280} + 20 )) python3 benchmarks/fleet_bench.py gpu --out "$out/fleet" \
-               --budget-s "${FLEET_BUDGET_S:-280}" --gpu-workers "${FLEET_WORKERS:-0}" ;;
+               --budget-s "${FLEET_BUDGET_S:-280}" --gpu-workers "${FLEET_WORKERS:-0}" ${FLEET_ARGS:-} ;;
     overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \
                --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
@@ -112,6 +113,31 @@ for b in ${GPU_BENCHES:-sandbox}; do
              tar -C /tmp/h200run -czf "$out/h200run.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
                --exclude=ckpt --exclude=spool --exclude=stages --exclude='*.safetensors' . 2>/dev/null
              ls -la "$out/h200run.tar.gz" >> "$out/benches.txt" ;;
+    h200hf)  # the h200 preset from a checkpoint trained on a CPU machine and exported in Hugging Face layout (H200_HF,
+             # default runs/h200_start: the local preset's small model after its warm start on compact cubin
+             # demonstrations, e.g. `cuda-agent train --preset local tasks.format=cubin` with the later stages and
+             # evaluations off). The small model's numerics and stage settings are the local preset's; the tasks are
+             # the demonstration family's (it was trained on them), the format cubin, the backend cuda, the actors,
+             # node and timing lock the h200 preset's (TRAIN_BUDGET_S, default 540; TRAIN_ARGS more overrides)
+             run_bench h200hf "${TRAIN_BUDGET_S:-540}" python3 -m cuda_agent.cli train --preset h200 --quiet \
+               --run-dir /tmp/h200hf model.init=hf "model.hf_path=${H200_HF:-runs/h200_start}" model.dtype=float32 \
+               model.remat=false model.attention_impl=xla actor.agent.skill=brief \
+               "tasks.train=[single_op,cpu_family_train]" tasks.eval=cpu_family_eval tasks.rollout_demo_tasks_only=true \
+               stages.warm_start.enabled=false eval.initial=true eval.max_new_tokens_per_turn=384 \
+               eval.max_context_tokens=1024 eval.timeout_s=240 learner.max_seq_len=1536 learner.ppo.lam=1.0 \
+               stages.single_turn_ppo.updates=6 stages.single_turn_ppo.episodes_per_update=32 \
+               stages.single_turn_ppo.max_new_tokens_per_turn=384 stages.single_turn_ppo.max_context_tokens=1024 \
+               stages.single_turn_ppo.temperature=0.6 stages.single_turn_ppo.lr=1e-4 stages.single_turn_ppo.critic_lr=1e-3 \
+               stages.single_turn_ppo.time_budget_s=120 stages.rft.reward_threshold=0.0 stages.rft.batch_rows=4 \
+               stages.rft.lr=3e-4 stages.rft.max_epochs=2 stages.rft.time_budget_s=30 stages.value_pretrain.batch_rows=4 \
+               stages.value_pretrain.lr=1e-3 stages.value_pretrain.time_budget_s=20 stages.multi_turn_ppo.updates=2 \
+               stages.multi_turn_ppo.episodes_per_update=16 stages.multi_turn_ppo.max_turns=2 \
+               stages.multi_turn_ppo.max_new_tokens_per_turn=384 stages.multi_turn_ppo.max_context_tokens=1536 \
+               stages.multi_turn_ppo.temperature=0.6 stages.multi_turn_ppo.lr=1e-4 stages.multi_turn_ppo.critic_lr=1e-3 \
+               stages.multi_turn_ppo.time_budget_s=80 supervision.ready_timeout_s=200 ${TRAIN_ARGS:-}
+             tar -C /tmp/h200hf -czf "$out/h200hf.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
+               --exclude=ckpt --exclude=spool --exclude=stages --exclude='*.safetensors' . 2>/dev/null
+             ls -la "$out/h200hf.tar.gz" >> "$out/benches.txt" ;;
     seeds)  # issue 10's measurement over 3 seeds of the local preset, the three runs at once on this host: JAX on the
             # GPU (a few % of its memory each), the sandbox's cpu backend on the cores (SEEDS_BUDGET_S, default 540)
              # BENCH_KILL_S: at the limit train_bench stops the runs with checkpoints, then reports (3 s in session 19;
