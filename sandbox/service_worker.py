@@ -192,8 +192,10 @@ class WorkerProcess:
     def run(self, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one job and wait for its answer ("result" or "error" message). Raises WorkerLost when the process
         dies or does not answer within `timeout_s` (it is killed then)."""
-        if not self.alive() or self.conn is None:
+        if self.proc is None or self.conn is None:
             raise WorkerLost(f"worker {self.name} is not running")
+        if not self.alive():  # died while the node waited for the job's prebuild, or idle before it
+            raise WorkerLost(f"worker {self.name} died before the job reached it ({_describe_exit(self.kill())})")
         try:
             self.conn.send(job)
             deadline = time.monotonic() + timeout_s
