@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -57,14 +58,17 @@ def learner_config(cfg, stage: str):
     micro = max(1, min(lc.ppo.microbatch_size, mb))
     while mb % micro:
         micro -= 1
+    # optimiser steps the stage can take: an update is `epochs` passes over its packed rows, at most one episode a
+    # row, in minibatches of `mb` rows (rows hold several episodes, so the cosine rarely reaches its end; a bound
+    # of 4 steps an update decayed the learning rate to its floor halfway through the stage at 4 epochs)
+    steps = max(1, spec.updates * lc.ppo.epochs * math.ceil(spec.episodes_per_update / mb))
     return dataclasses.replace(
         lc,
         ppo=dataclasses.replace(lc.ppo, minibatch_size=mb, microbatch_size=micro,
                                 temperature=spec.temperature if spec.temperature > 0 else lc.ppo.temperature),
-        policy_optim=dataclasses.replace(lc.policy_optim, lr=spec.lr, decay_steps=max(1, spec.updates * 4),
+        policy_optim=dataclasses.replace(lc.policy_optim, lr=spec.lr, decay_steps=steps,
                                          warmup_steps=min(lc.policy_optim.warmup_steps, spec.updates)),
-        critic_optim=dataclasses.replace(lc.critic_optim, lr=spec.critic_lr, decay_steps=max(1, spec.updates * 4),
-                                         warmup_steps=0),
+        critic_optim=dataclasses.replace(lc.critic_optim, lr=spec.critic_lr, decay_steps=steps, warmup_steps=0),
         stages=dataclasses.replace(lc.stages, single_turn_max_turns=1,
                                    multi_turn_max_turns=cfg.stages.multi_turn_ppo.max_turns,
                                    max_context_tokens=spec.max_context_tokens),

@@ -114,3 +114,23 @@ def test_actors_and_evaluations_sample_with_the_runs_numerics(tmp_path):
         ActorConfig(attention_impl="flash")
     with pytest.raises(ValueError, match="model_dtype"):
         ActorConfig(model_dtype="fp16")
+
+
+def test_ppo_stage_schedule_spans_every_optimiser_step_of_the_stage():
+    """The PPO learner's cosine runs over updates x epochs x minibatches (at most one episode a packed row): with
+    4 epochs of 1-row minibatches the learning rate must not reach its floor in the stage's first updates."""
+    from cuda_agent.config import load_config
+    from cuda_agent.ppo_learner import learner_config
+    from cuda_agent.train import preset_path
+    from cuda_agent.train_config import TrainConfig
+    from learner.train_step import make_optimizer
+
+    cfg = load_config(TrainConfig, preset_path("local"), ["learner.ppo.epochs=4", "learner.ppo.minibatch_size=1",
+                                                          "learner.ppo.microbatch_size=1"])
+    spec = cfg.stages.single_turn_ppo
+    lc = learner_config(cfg, "single_turn_ppo")
+    assert (lc.ppo.epochs, lc.ppo.minibatch_size) == (4, 1)
+    assert lc.policy_optim.decay_steps == lc.critic_optim.decay_steps == spec.updates * 4 * spec.episodes_per_update
+    _, sched = make_optimizer(lc.policy_optim)
+    # half of the stage's updates at 2 packed rows each (4 episodes a row): still above 90% of the peak rate
+    assert float(sched(spec.updates // 2 * 4 * 2)) > 0.9 * spec.lr
