@@ -45,17 +45,22 @@ def default_actor_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def cycle_tasks(tasks: list[Task], seed: int = 0) -> Iterator[Task]:
-    """Tasks forever, each pass in a new seeded random order (training)."""
+def cycle_tasks(tasks: list[Task], seed: int = 0, group_size: int = 1) -> Iterator[Task]:
+    """Tasks forever, each pass in a new seeded random order, each task `group_size` times in a row (training;
+    the group a group baseline compares). Raises ValueError for no tasks or group_size < 1."""
     import random
 
     if not tasks:
         raise ValueError("no tasks to run")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
     rng = random.Random(seed)
     while True:
         order = list(tasks)
         rng.shuffle(order)
-        yield from order
+        for task in order:
+            for _ in range(group_size):
+                yield task
 
 
 def repeat_tasks(tasks: Iterable[Task], samples_per_task: int = 1) -> Iterator[Task]:

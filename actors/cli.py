@@ -212,7 +212,7 @@ def run_cmd(
                   f"{cfg.weights_endpoint}, sandbox {cfg.sandbox_endpoints}")
     stop, abort = _stop_on_signals()
     try:
-        summary = run_actor(actor, cycle_tasks(task_list, cfg.seed), max_episodes=max_episodes, stop=stop,
+        summary = run_actor(actor, cycle_tasks(task_list, cfg.seed, cfg.group_size), max_episodes=max_episodes, stop=stop,
                             abort=abort)
         if not _flush(outbox, abort):
             console.print(f"[yellow]{outbox.pending} trajectories not acknowledged by the learner at exit[/yellow]")

@@ -127,6 +127,9 @@ class ActorConfig:
     """How often to ask the learner for a newer weights version (seconds)."""
     seed: int = 0
     """Seed of sampling and task order."""
+    group_size: int = 1
+    """Training episodes per drawn task, in a row: the group the learner's group baseline compares them within
+    (`learner.ppo.baseline="group"`, which needs >= 2); 1 = each task once per pass."""
     trajectories_endpoint: str = ""
     """The learner's trajectory receiver, e.g. "tcp://learner:5555" ("" = no learner: evaluation)."""
     weights_endpoint: str = ""
@@ -201,6 +204,7 @@ class ActorConfig:
         _check(self.concurrent_episodes >= 1, f"ActorConfig.concurrent_episodes must be >= 1, "
                                               f"got {self.concurrent_episodes}")
         _check(self.max_batch >= 1, f"ActorConfig.max_batch must be >= 1, got {self.max_batch}")
+        _check(self.group_size >= 1, f"ActorConfig.group_size must be >= 1, got {self.group_size}")
         _check(self.gather_s >= 0, f"ActorConfig.gather_s must be >= 0, got {self.gather_s}")
         _check(self.weights_poll_s > 0, f"ActorConfig.weights_poll_s must be > 0, got {self.weights_poll_s}")
         _check(self.max_pending_trajectories >= 1, "ActorConfig.max_pending_trajectories must be >= 1")

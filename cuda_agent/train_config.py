@@ -324,5 +324,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.actors >= 1, f"actors must be >= 1, got {self.actors}")
+        _check(self.learner.ppo.baseline != "group" or self.actor.group_size >= 2,
+               f"learner.ppo.baseline=group compares episodes of one task: it needs actor.group_size >= 2, got "
+               f"{self.actor.group_size}")
         _check(self.jax_memory_fraction is None or 0 < self.jax_memory_fraction <= 1,
                f"jax_memory_fraction must be in (0, 1] or null, got {self.jax_memory_fraction}")

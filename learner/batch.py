@@ -10,7 +10,9 @@ less padding: `pick_row_len`) where
     segment boundaries; without packing, one trajectory per row;
   - the final reward sits on the trajectory's last policy token (token-level rewards elsewhere 0);
   - padding has segment id 0, loss mask 0, reward 0;
-  - N is rounded up to a multiple of `rows_multiple` with empty rows (loss mask 0: they add nothing).
+  - N is rounded up to a multiple of `rows_multiple` with empty rows (loss mask 0: they add nothing);
+  - with `group_baselines`, each trajectory's leave-one-out group baseline (`leave_one_out_baselines`) sits on
+    all its policy tokens of `baselines` (0 elsewhere; None without).
 
 Refused (and reported with the reason): trajectories longer than L ("too_long"), without policy tokens
 ("no_policy_tokens"), with a policy token at position 0 that has no predecessor to predict it
@@ -55,6 +57,8 @@ class PackedBatch:
     placement: list[tuple[int, int]]
     final_rewards: np.ndarray
     policy_versions: np.ndarray
+    baselines: np.ndarray | None = None
+    group_singletons: int = 0
 
     @property
     def num_rows(self) -> int:
@@ -69,11 +73,42 @@ class PackedBatch:
         """Device arrays for `learner.train_step.ppo_update` (place them with `sharding.shard_batch`)."""
         seq = SequenceBatch(jnp.asarray(self.tokens), jnp.asarray(self.positions), jnp.asarray(self.segment_ids),
                             jnp.asarray(self.loss_mask))
-        return RolloutBatch(seq, jnp.asarray(self.behaviour_logprobs), jnp.asarray(self.rewards))
+        return RolloutBatch(seq, jnp.asarray(self.behaviour_logprobs), jnp.asarray(self.rewards),
+                            None if self.baselines is None else jnp.asarray(self.baselines))
 
     def to_sequences(self) -> SequenceBatch:
         """Device arrays for supervised steps (demonstrations, RFT)."""
         return self.to_rollout().seq
+
+
+def leave_one_out_baselines(rewards: Sequence[float], groups: Sequence[str]) -> tuple[np.ndarray, int]:
+    """Per trajectory, the mean reward of the other trajectories of its group (RLOO: Kool et al. 2019, "Buy 4
+    REINFORCE samples, get a baseline for free!"; Ahmadian et al. 2024). A trajectory alone in its group gets the
+    mean of all the other trajectories instead, and a batch of one trajectory gets 0 (plain REINFORCE).
+
+    Args:
+      rewards: `[B]` final rewards.
+      groups: `[B]` group keys (the task id).
+    Returns:
+      baselines `[B]` f32 and the number of trajectories alone in their group.
+    Raises ValueError when the lengths differ or there is no trajectory.
+    """
+    r = np.asarray(rewards, np.float64)
+    if r.ndim != 1 or len(r) != len(groups):
+        raise ValueError(f"rewards ({r.shape}) and groups ({len(groups)}) must be two sequences of one length")
+    if len(r) == 0:
+        raise ValueError("no trajectory to compute group baselines for")
+    if len(r) == 1:
+        return np.zeros(1, np.float32), 1
+    keys = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    gid = np.asarray([keys[g] for g in groups])
+    g_sum = np.bincount(gid, weights=r)
+    g_n = np.bincount(gid)
+    n_in = g_n[gid]
+    alone = n_in == 1
+    within = (g_sum[gid] - r) / np.maximum(n_in - 1, 1)
+    overall = (r.sum() - r) / (len(r) - 1)
+    return np.where(alone, overall, within).astype(np.float32), int(alone.sum())
 
 
 def check_trajectory(t: TrajectoryLike, max_seq_len: int) -> str | None:
@@ -138,10 +173,13 @@ def pack_trajectories(
     rows_multiple: int = 1,
     pack: bool = True,
     min_row_len: int | None = None,
+    group_baselines: bool = False,
 ) -> tuple[PackedBatch, list[tuple[str, str]]]:
     """Lay out trajectories in `[N, L]` rows (module docstring). L = max_seq_len, or with packing and
-    `min_row_len` given, the shorter power-of-two fraction of it that `pick_row_len` finds. Returns the batch and
-    the refused trajectories as (episode_id, reason). Raises ValueError when nothing is usable."""
+    `min_row_len` given, the shorter power-of-two fraction of it that `pick_row_len` finds. With
+    `group_baselines`, the usable trajectories (they need a `task_id`) get leave-one-out baselines by task.
+    Returns the batch and the refused trajectories as (episode_id, reason). Raises ValueError when nothing is
+    usable."""
     refused: list[tuple[str, str]] = []
     ok: list[TrajectoryLike] = []
     for t in trajectories:
@@ -153,6 +191,9 @@ def pack_trajectories(
     if not ok:
         raise ValueError(f"no usable trajectory among {len(trajectories)} (refused: {refused[:5]})")
 
+    base, singletons = None, 0
+    if group_baselines:
+        base, singletons = leave_one_out_baselines([float(t.reward) for t in ok], [str(t.task_id) for t in ok])
     lengths = [len(t.tokens) for t in ok]
     row_len = max_seq_len
     if pack and min_row_len is not None:
@@ -166,6 +207,7 @@ def pack_trajectories(
     mask = np.zeros(shape, np.float32)
     behav = np.zeros(shape, np.float32)
     rewards = np.zeros(shape, np.float32)
+    baselines = None if base is None else np.zeros(shape, np.float32)
     next_seg = [1] * n_rows
     # fill in row order so that segment ids increase left to right
     for i in sorted(range(len(ok)), key=lambda i: placement[i]):
@@ -182,12 +224,16 @@ def pack_trajectories(
         behav[row, sl] = np.where(m, t.behaviour_logprobs, 0.0)
         last = start + int(np.nonzero(m)[0][-1])
         rewards[row, last] = float(t.reward)
+        if baselines is not None:
+            baselines[row, sl] = np.where(m, base[i], 0.0)
     batch = PackedBatch(
         tokens, positions, segs, mask, behav, rewards,
         episode_ids=[t.episode_id for t in ok],
         placement=placement,
         final_rewards=np.asarray([float(t.reward) for t in ok], np.float32),
         policy_versions=np.asarray([int(t.policy_version) for t in ok], np.int64),
+        baselines=baselines,
+        group_singletons=singletons,
     )
     return batch, refused
 

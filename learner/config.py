@@ -15,6 +15,7 @@ REMAT_POLICIES = ("full", "save_dots")
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
+BASELINES = ("critic", "group")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 STAGES = ("warm_start", "single_turn_ppo", "rft", "value_pretrain", "multi_turn_ppo")
 
@@ -40,6 +41,14 @@ class PPOConfig:
     """Discount per policy token (observation tokens do not discount; see `learner.ppo.gae`)."""
     lam: float = 0.95
     """GAE lambda."""
+    baseline: str = "critic"
+    """What the return is compared with to form the advantage. critic: GAE over the critic's values (Schulman et
+    al. 2016). group: the leave-one-out mean final reward of the other trajectories of the same task in the update
+    batch (RLOO: Kool et al. 2019; Ahmadian et al. 2024), the same advantage on every policy token of a
+    trajectory, no critic involved (the critic still trains on the returns); a trajectory with no other of its task
+    in the batch is compared with all the others. Actors then sample each task `actor.group_size` times in a row.
+    A group whose trajectories all have the same reward gives no gradient, where whitened rewards against an
+    untrained critic push its tokens down (RESULTS.md, session 21)."""
     normalize_advantages: bool = True
     """Whiten advantages over the policy tokens of the whole update batch (mean 0, std 1)."""
     entropy_coef: float = 0.0
@@ -86,6 +95,7 @@ class PPOConfig:
             self.behaviour_weight_mode in BEHAVIOUR_WEIGHT_MODES,
             f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {self.behaviour_weight_mode!r}",
         )
+        _check(self.baseline in BASELINES, f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         _check(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
         _check(self.max_policy_lag >= 0, f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
         _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")

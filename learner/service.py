@@ -239,7 +239,8 @@ class LearnerService:
         trajs = self.buffer.take(n, self.version)
         self._forget(trajs)
         packed, refused = pack_trajectories(trajs, self.cfg.max_seq_len, rows_multiple=self.cfg.ppo.minibatch_size,
-                                            pack=self.cfg.pack_sequences, min_row_len=self.cfg.min_row_len)
+                                            pack=self.cfg.pack_sequences, min_row_len=self.cfg.min_row_len,
+                                            group_baselines=self.cfg.ppo.baseline == "group")
         self.counters["refused"] += len(refused)
         rollout = sharding.shard_batch(packed.to_rollout(), self.mesh)
         self.key, sub = jax.random.split(self.key)
@@ -263,6 +264,7 @@ class LearnerService:
             **{f"learner/refused_{k}_total": v for k, v in self.refused_reasons.items()},
             "learner/over_turn_limit_total": self.counters["over_turn_limit"],
             "learner/buffer_size": len(self.buffer), "learner/rows": packed.num_rows,
+            "learner/group_singletons": packed.group_singletons,
             "learner/row_len": packed.tokens.shape[1],
             "learner/tokens": packed.num_tokens,
             "learner/tokens_per_s": packed.num_tokens / max(time.perf_counter() - t0, 1e-9),

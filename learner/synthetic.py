@@ -112,8 +112,20 @@ def demonstrations(n: int, seed: int = 0, task: SyntheticTask = SyntheticTask(),
     return out
 
 
-def run_ppo(seed: int, updates: int = 60, episodes: int = 64, stop_at_half: bool = True) -> dict:
-    """PPO from scratch on this task with a tiny `learner.model` policy and critic (CPU is enough).
+def with_group_baselines(rollout: RolloutBatch, reward) -> RolloutBatch:
+    """The rollout with leave-one-out group baselines (`learner.batch.leave_one_out_baselines`), an episode's
+    group being its prompt symbol `p` (position 1): the episodes of one "task"."""
+    from learner.batch import leave_one_out_baselines
+
+    prompts = np.asarray(rollout.seq.tokens[:, 1]).tolist()
+    base, _ = leave_one_out_baselines(np.asarray(reward).tolist(), [str(p) for p in prompts])
+    return rollout.replace(baselines=jnp.asarray(base)[:, None] * rollout.seq.loss_mask)
+
+
+def run_ppo(seed: int, updates: int = 60, episodes: int = 64, stop_at_half: bool = True,
+            baseline: str = "critic") -> dict:
+    """PPO from scratch on this task with a tiny `learner.model` policy and critic (CPU is enough); `baseline`
+    as `PPOConfig.baseline` (group: episodes grouped by their prompt symbol).
 
     Returns {"seed", "initial" (mean reward of the first batch), "final" (mean of the last 3 batches),
     "updates_to_half" (first update after which the last 3 batches average at least half-way from the initial
@@ -129,7 +141,7 @@ def run_ppo(seed: int, updates: int = 60, episodes: int = 64, stop_at_half: bool
     mc = ModelConfig.tiny(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                           intermediate_size=64, max_position_embeddings=512)
     cfg = PPOConfig(minibatch_size=episodes // 2, microbatch_size=episodes // 2, epochs=2, gamma=1.0, lam=1.0,
-                    logits_chunk_size=0)
+                    logits_chunk_size=0, baseline=baseline)
     opt = OptimizerConfig(lr=3e-3, warmup_steps=0)
     policy = ts.create_train_state(Transformer(mc, nnx.Rngs(seed)), opt, cfg)
     critic = ts.create_train_state(Critic(mc, nnx.Rngs(seed + 100)), opt, cfg)
@@ -140,6 +152,8 @@ def run_ppo(seed: int, updates: int = 60, episodes: int = 64, stop_at_half: bool
         key, k_sample, k_update = jax.random.split(key, 3)
         rollout, reward = sample_rollout(policy, k_sample, episodes)
         history.append(float(np.mean(reward)))
+        if baseline == "group":
+            rollout = with_group_baselines(rollout, reward)
         policy, critic, _ = ts.ppo_update(policy, critic, rollout, k_update)
         target = history[0] + 0.5 * (1.0 - history[0])
         if reached is None and len(history) >= 3 and np.mean(history[-3:]) >= target:

@@ -397,13 +397,15 @@ def sft_train_step(state: TrainState, batch: SequenceBatch) -> tuple[TrainState,
 class RolloutBatch:
     """One PPO update's data, rows `[N, T]` (N a multiple of the minibatch size; empty rows have loss_mask 0).
 
-    `rewards` are token-level f32 (the final reward on each trajectory's last policy token); the rest as in
-    `SequenceBatch` / `PolicyBatch`.
+    `rewards` are token-level f32 (the final reward on each trajectory's last policy token); `baselines`, with
+    `ppo.baseline="group"`, each trajectory's group baseline on all its policy tokens (`learner.batch`); the rest
+    as in `SequenceBatch` / `PolicyBatch`.
     """
 
     seq: SequenceBatch
     behaviour_logprobs: Array
     rewards: Array
+    baselines: Array | None = None
 
 
 def _micro(x: Array, micro: int) -> Array:
@@ -416,9 +418,20 @@ def _take_rows(tree, idx: Array):
 
 
 def compute_advantages(rollout: RolloutBatch, values: Array, cfg: PPOConfig) -> tuple[Array, Array, Array]:
-    """GAE over policy tokens: (raw advantages, advantages whitened over the batch's policy tokens when
-    `cfg.normalize_advantages`, returns), each `[N, T]` f32."""
+    """(raw advantages, advantages whitened over the batch's policy tokens when `cfg.normalize_advantages`,
+    the critic's returns), each `[N, T]` f32. Returns are GAE's (`ppo.gae` with the critic's values). Advantages
+    are GAE's with `cfg.baseline="critic"`; with "group" they are the discounted return (GAE with values 0 and
+    lambda 1) less the trajectory's group baseline (`rollout.baselines`).
+
+    Raises ValueError when `cfg.baseline` is "group" and the batch has no baselines."""
     adv, ret = ppo.gae(rollout.rewards, values, rollout.seq.loss_mask, cfg.gamma, cfg.lam, rollout.seq.segment_ids)
+    if cfg.baseline == "group":
+        if rollout.baselines is None:
+            raise ValueError("ppo.baseline='group' needs the batch's group baselines (pack_trajectories(..., "
+                             "group_baselines=True))")
+        _, mc = ppo.gae(rollout.rewards, jnp.zeros_like(values), rollout.seq.loss_mask, cfg.gamma, 1.0,
+                        rollout.seq.segment_ids)
+        adv = (mc - rollout.baselines) * rollout.seq.loss_mask
     used = _whiten(adv, rollout.seq.loss_mask) if cfg.normalize_advantages else adv
     return adv, used, ret
 

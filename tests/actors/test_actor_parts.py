@@ -396,3 +396,19 @@ def test_backoff_counts_a_burst_once_doubles_per_wait_and_is_capped(tokenizer):
         assert lo <= 10.0 <= hi + 1e-9
         actor._note_ending(failed=False, why="ok")  # any other ending clears it
         assert (actor.failures_in_a_row, actor._backoff_steps, actor._hold_until) == (0, 0, 0.0)
+
+
+def test_cycle_tasks_draws_each_task_group_size_times_in_a_row_and_every_task_each_pass():
+    import itertools
+
+    from actors.actor import cycle_tasks
+
+    tasks = [make_task(f"t{i}", task_id=f"t{i}") for i in range(5)]
+    ids = [t.id for t in itertools.islice(cycle_tasks(tasks, seed=7, group_size=3), 30)]
+    groups = [ids[i:i + 3] for i in range(0, 30, 3)]
+    assert all(len(set(g)) == 1 for g in groups)
+    firsts = [g[0] for g in groups]
+    assert sorted(firsts[:5]) == sorted(firsts[5:]) == [t.id for t in tasks]
+    assert [t.id for t in itertools.islice(cycle_tasks(tasks, seed=7), 5)] == firsts[:5]  # same order, groups of 1
+    with pytest.raises(ValueError, match="group_size"):
+        next(cycle_tasks(tasks, group_size=0))

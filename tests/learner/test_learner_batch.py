@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from learner import ppo
-from learner.batch import pack_trajectories, reward_stats
+from learner.batch import leave_one_out_baselines, pack_trajectories, reward_stats
 from learner.buffer import TrajectoryBuffer
 from learner.chat import ChatFormat, ChatTokens, Message
 from learner.tokenizer import train_bpe
@@ -190,3 +190,60 @@ def test_reward_stats():
     s = reward_stats(np.array([-1, 0, 3, 3], np.float32))
     assert s["reward/mean"] == 1.25 and s["reward/frac_3"] == 0.5 and s["reward/frac_neg1"] == 0.25
     assert s["reward/min"] == -1 and s["reward/count"] == 4
+
+
+def test_leave_one_out_baselines_against_a_plain_loop():
+    rng = np.random.default_rng(3)
+    rewards = rng.integers(-1, 4, 30).astype(float)
+    groups = [f"task{int(g)}" for g in rng.integers(0, 9, 30)]
+    groups[-1] = "alone"  # one trajectory with no other of its task
+    base, singletons = leave_one_out_baselines(rewards, groups)
+    expect = []
+    for i, g in enumerate(groups):
+        mates = [rewards[j] for j in range(len(groups)) if j != i and groups[j] == g]
+        others = [rewards[j] for j in range(len(groups)) if j != i]
+        expect.append(np.mean(mates) if mates else np.mean(others))
+    np.testing.assert_allclose(base, expect, rtol=1e-6)
+    assert base.dtype == np.float32 and singletons == sum(groups.count(g) == 1 for g in groups) >= 1
+    # a group whose rewards are all equal: advantage (reward - baseline) 0 for each of its trajectories
+    b, n = leave_one_out_baselines([-1.0, -1.0, -1.0, 0.0, 2.0], ["a", "a", "a", "b", "b"])
+    np.testing.assert_allclose(np.asarray([-1.0, -1.0, -1.0, 0.0, 2.0]) - b, [0, 0, 0, -2, 2])
+    assert n == 0
+    assert leave_one_out_baselines([3.0], ["a"])[0].tolist() == [0.0]
+    with pytest.raises(ValueError, match="one length"):
+        leave_one_out_baselines([1.0, 2.0], ["a"])
+    with pytest.raises(ValueError, match="no trajectory"):
+        leave_one_out_baselines([], [])
+
+
+def test_group_advantages_on_packed_rows_are_reward_less_baseline_on_every_policy_token():
+    from learner.config import PPOConfig
+    from learner.train_step import compute_advantages
+
+    rng = np.random.default_rng(4)
+    trajs = []
+    for i in range(12):
+        t = make_traj(i, int(rng.integers(6, 30)), rng, reward=float(rng.integers(-1, 3)))
+        trajs.append(Trajectory(episode_id=t.episode_id, task_id=f"task{i % 4}", actor_id="a", policy_version=0,
+                                tokens=t.tokens, behaviour_logprobs=t.behaviour_logprobs, loss_mask=t.loss_mask,
+                                turn_boundaries=t.turn_boundaries, reward=t.reward))
+    packed, _ = pack_trajectories(trajs, 64, rows_multiple=2, group_baselines=True)
+    base, _ = leave_one_out_baselines([t.reward for t in trajs], [t.task_id for t in trajs])
+    rollout = packed.to_rollout()
+    values = rng.normal(size=packed.tokens.shape).astype(np.float32)  # ignored by the group advantage
+    cfg = PPOConfig(baseline="group", normalize_advantages=False, lam=0.9)
+    adv, _, ret = compute_advantages(rollout, values, cfg)
+    _, ret_critic = ppo.gae(packed.rewards, values, packed.loss_mask, cfg.gamma, cfg.lam, packed.segment_ids)
+    np.testing.assert_allclose(ret, ret_critic, rtol=1e-6)  # the critic still learns the GAE returns
+    for i, (t, (row, start)) in enumerate(zip(trajs, packed.placement)):
+        sl = slice(start, start + len(t.tokens))
+        m = t.loss_mask > 0
+        np.testing.assert_allclose(np.asarray(adv)[row, sl][m], t.reward - base[i], rtol=1e-6, atol=1e-6)
+        assert np.all(np.asarray(adv)[row, sl][~m] == 0) and np.all(packed.baselines[row, sl][~m] == 0)
+    assert np.all(np.asarray(adv)[packed.segment_ids == 0] == 0)
+    plain, _ = pack_trajectories(trajs, 64, rows_multiple=2)
+    assert plain.baselines is None
+    with pytest.raises(ValueError, match="group baselines"):
+        compute_advantages(plain.to_rollout(), values, cfg)
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        PPOConfig(baseline="grpo")

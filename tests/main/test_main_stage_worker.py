@@ -134,3 +134,14 @@ def test_ppo_stage_schedule_spans_every_optimiser_step_of_the_stage():
     _, sched = make_optimizer(lc.policy_optim)
     # half of the stage's updates at 2 packed rows each (4 episodes a row): still above 90% of the peak rate
     assert float(sched(spec.updates // 2 * 4 * 2)) > 0.9 * spec.lr
+
+
+def test_group_baseline_needs_groups_of_episodes():
+    from cuda_agent.config import load_config
+    from cuda_agent.train import preset_path
+    from cuda_agent.train_config import TrainConfig
+
+    with pytest.raises(ValueError, match="actor.group_size >= 2"):
+        load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group"])
+    cfg = load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=4"])
+    assert (cfg.learner.ppo.baseline, cfg.actor.group_size) == ("group", 4)
