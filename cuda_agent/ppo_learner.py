@@ -62,12 +62,15 @@ def learner_config(cfg, stage: str):
     # row, in minibatches of `mb` rows (rows hold several episodes, so the cosine rarely reaches its end; a bound
     # of 4 steps an update decayed the learning rate to its floor halfway through the stage at 4 epochs)
     steps = max(1, spec.updates * lc.ppo.epochs * math.ceil(spec.episodes_per_update / mb))
+    # the warm-up is part of those steps (optax starts the decay after it) and at most a tenth of them: its first
+    # step runs at learning rate 0, so a warm-up of `updates` steps left the first update unapplied
+    warmup = min(lc.policy_optim.warmup_steps, steps // 10)
     return dataclasses.replace(
         lc,
         ppo=dataclasses.replace(lc.ppo, minibatch_size=mb, microbatch_size=micro,
                                 temperature=spec.temperature if spec.temperature > 0 else lc.ppo.temperature),
-        policy_optim=dataclasses.replace(lc.policy_optim, lr=spec.lr, decay_steps=steps,
-                                         warmup_steps=min(lc.policy_optim.warmup_steps, spec.updates)),
+        policy_optim=dataclasses.replace(lc.policy_optim, lr=spec.lr, decay_steps=max(1, steps - warmup),
+                                         warmup_steps=warmup),
         critic_optim=dataclasses.replace(lc.critic_optim, lr=spec.critic_lr, decay_steps=steps, warmup_steps=0),
         stages=dataclasses.replace(lc.stages, single_turn_max_turns=1,
                                    multi_turn_max_turns=cfg.stages.multi_turn_ppo.max_turns,

@@ -47,8 +47,9 @@ class PPOConfig:
     batch (RLOO: Kool et al. 2019; Ahmadian et al. 2024), the same advantage on every policy token of a
     trajectory, no critic involved (the critic still trains on the returns); a trajectory with no other of its task
     in the batch is compared with all the others. Actors then sample each task `actor.group_size` times in a row.
-    A group whose trajectories all have the same reward gives no gradient, where whitened rewards against an
-    untrained critic push its tokens down (RESULTS.md, session 21)."""
+    A group whose trajectories all have the same reward gives no gradient (`normalize_advantages` then scales the
+    advantages without centring them), where whitened rewards against an untrained critic push its tokens down
+    (RESULTS.md, session 21)."""
     normalize_advantages: bool = True
     """Whiten advantages over the policy tokens of the whole update batch (mean 0, std 1)."""
     entropy_coef: float = 0.0

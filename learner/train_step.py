@@ -420,8 +420,9 @@ def _take_rows(tree, idx: Array):
 def compute_advantages(rollout: RolloutBatch, values: Array, cfg: PPOConfig) -> tuple[Array, Array, Array]:
     """(raw advantages, advantages whitened over the batch's policy tokens when `cfg.normalize_advantages`,
     the critic's returns), each `[N, T]` f32. Returns are GAE's (`ppo.gae` with the critic's values). Advantages
-    are GAE's with `cfg.baseline="critic"`; with "group" they are the discounted return (GAE with values 0 and
-    lambda 1) less the trajectory's group baseline (`rollout.baselines`).
+    are GAE's with `cfg.baseline="critic"`; with "group" they are the discounted return of the final reward less
+    the trajectory's group baseline (`rollout.baselines`), gamma^k (R - b) with k the policy tokens after this
+    one, and normalisation only scales them (a group of equal rewards stays at 0).
 
     Raises ValueError when `cfg.baseline` is "group" and the batch has no baselines."""
     adv, ret = ppo.gae(rollout.rewards, values, rollout.seq.loss_mask, cfg.gamma, cfg.lam, rollout.seq.segment_ids)
@@ -429,14 +430,29 @@ def compute_advantages(rollout: RolloutBatch, values: Array, cfg: PPOConfig) -> 
         if rollout.baselines is None:
             raise ValueError("ppo.baseline='group' needs the batch's group baselines (pack_trajectories(..., "
                              "group_baselines=True))")
-        _, mc = ppo.gae(rollout.rewards, jnp.zeros_like(values), rollout.seq.loss_mask, cfg.gamma, 1.0,
-                        rollout.seq.segment_ids)
-        adv = (mc - rollout.baselines) * rollout.seq.loss_mask
-    used = _whiten(adv, rollout.seq.loss_mask) if cfg.normalize_advantages else adv
+        mask, segs, zeros = rollout.seq.loss_mask, rollout.seq.segment_ids, jnp.zeros_like(values)
+        # the baseline stands in for a final reward: on the trajectory's last policy token, discounted like it, so a
+        # trajectory whose reward equals its baseline has advantage 0 on every token for any gamma
+        _, left = ppo.gae(mask, zeros, mask, 1.0, 1.0, segs)  # policy tokens from here to the trajectory's end
+        last_b = jnp.where((mask > 0) & (left == 1), rollout.baselines, 0.0)
+        _, adv = ppo.gae(rollout.rewards - last_b, zeros, mask, cfg.gamma, 1.0, segs)
+        adv = adv * mask
+    if not cfg.normalize_advantages:
+        used = adv
+    elif cfg.baseline == "group":  # scaled, not centred: centring would move a group of equal rewards off 0
+        used = _scale(adv, rollout.seq.loss_mask)
+    else:
+        used = _whiten(adv, rollout.seq.loss_mask)
     return adv, used, ret
 
 
 _whiten = jax.jit(ppo.masked_whiten)
+
+
+@jax.jit
+def _scale(x: Array, mask: Array, eps: float = 1e-8) -> Array:
+    """x over its standard deviation on the mask's positions (not centred), 0 elsewhere."""
+    return jnp.where(mask.astype(bool), x * jax.lax.rsqrt(ppo.masked_var(x, mask) + eps), 0.0)
 
 
 @jax.jit

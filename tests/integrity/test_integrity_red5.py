@@ -73,21 +73,45 @@ def _two_cores_free() -> bool:
     return float(out.strip() or 0) > 1.6
 
 
-@pytest.mark.xfail(strict=False, reason="open: first run on a quiet host (2026-12-01 20:31, the 2-core box at load "
-                   "0.6) gave ok, reward 1, speed-up lower bound 2.4: the helper's 2.46 ms of CPU beyond one thread "
-                   "over 8 repetitions was charged but stayed under the parallel_work threshold (max(2 ms, 10% of the "
-                   "requests' wall clock)); whether the charge neutralises the gain is not shown yet")
-def test_native_helper_thread_inside_the_timed_calls_is_parallel_work(evaluator):
+def _elementwise_chain_x(factor: int):
+    """elementwise_chain with `factor` times its rows (64 x 16,384 floats at factor 1)."""
+    import re
+
+    t = task()
+    ref, n = re.subn(r"^batch_size\s*=\s*64\s*$", f"batch_size = {64 * factor}", t.reference, flags=re.M)
+    assert n == 1
+    return dataclasses.replace(t, reference=ref, id=f"{t.id}_x{factor}",
+                               shape_params=dict(t.shape_params, batch_size=64 * factor))
+
+
+def test_native_helper_thread_inside_the_timed_calls_gains_nothing(evaluator):
     """parallel_helper_thread: a correct kernel split over the caller and a native pthread that sleeps in a futex
     between calls (no background_work, no write_after_return, in-process clock and trusted wall clock agree). Its
-    CPU time beyond cpu_threads x the time requests' wall clock is refused as parallel_work."""
-    if not _two_cores_free():
-        pytest.skip("this host cannot run two threads at once right now: the helper would gain nothing to refuse")
-    res = evaluator.evaluate(task(), adversarial("parallel_helper_thread"), "cpu")
-    if res.status == "ok" and not _two_cores_free():
-        pytest.skip("the host got loaded during the evaluation: the helper ran on no core of its own")
-    assert res.status == "forbidden" and res.reward == -1, f"{res.status} {res.reward}: {res.message[:300]}"
-    assert "parallel_work" in kinds(res), (res.message, res.violations)
+    CPU time beyond cpu_threads x the time requests' wall clock is charged to its repetitions as if one thread had
+    run it, and refused as parallel_work beyond max(2 ms, 10% of the requests' wall clock). Either way it must not
+    beat its single-thread twin (the same file with the split turned off), evaluated beside it.
+
+    16 times the corpus size (16M floats, about 5 ms a call on one core): there the split runs 1.8x faster than one
+    thread outside the sandbox on the 2-core box, and the helper used 114-148 ms of CPU beyond one thread over
+    1.0-1.4 s of requests (forbidden). At the corpus size (about 0.3 ms a call) the helper's futex wake-up ate its
+    gain: ok, no faster than the twin, nothing to charge (session 21)."""
+    big = _elementwise_chain_x(16)
+    helper = adversarial("parallel_helper_thread")
+    src = helper["kernels/parallel_helper_thread.c"]
+    twin = {**helper, "kernels/parallel_helper_thread.c": src.replace("if (g_started < 0 || n < 4096) {", "if (1) {")}
+    assert twin["kernels/parallel_helper_thread.c"] != src
+    points = {"helper": [], "twin": []}
+    for _ in range(2):  # alternating, so that neither is always first on a warmer host
+        for name, files in (("twin", twin), ("helper", helper)):
+            if not _two_cores_free():
+                pytest.skip("this host cannot run two threads at once right now: the helper would gain nothing")
+            res = evaluator.evaluate(big, files, "cpu")
+            if name == "helper" and res.status == "forbidden":
+                assert "parallel_work" in kinds(res) and res.reward == -1, (res.message, res.violations)
+                return
+            assert res.status == "ok", f"{name}: {res.status}: {res.message[:300]}"
+            points[name].append(res.speedup_eager)
+    assert max(points["helper"]) <= 1.3 * max(points["twin"]), f"the helper thread gained: speed-ups {points}"
 
 
 def test_honest_solution_is_not_parallel_work(evaluator):

@@ -241,6 +241,28 @@ def test_group_advantages_on_packed_rows_are_reward_less_baseline_on_every_polic
         np.testing.assert_allclose(np.asarray(adv)[row, sl][m], t.reward - base[i], rtol=1e-6, atol=1e-6)
         assert np.all(np.asarray(adv)[row, sl][~m] == 0) and np.all(packed.baselines[row, sl][~m] == 0)
     assert np.all(np.asarray(adv)[packed.segment_ids == 0] == 0)
+    # discounted (gamma < 1, several turns): a trajectory whose reward equals its baseline has 0 on every token
+    # (the baseline is discounted like the reward), and the normalised advantages are scaled, not centred, so a
+    # group of equal rewards stays at 0 beside a group that differs
+    eq = [Trajectory(episode_id=f"eq{i}", task_id="same" if i < 2 else "mixed", actor_id="a", policy_version=0,
+                     tokens=t.tokens, behaviour_logprobs=t.behaviour_logprobs, loss_mask=t.loss_mask,
+                     turn_boundaries=t.turn_boundaries, reward=r)
+          for i, (t, r) in enumerate(zip(trajs, [2.0, 2.0, 1.0, -1.0]))]
+    eqp, _ = pack_trajectories(eq, 64, rows_multiple=2, group_baselines=True)
+    for normalize in (False, True):
+        c = PPOConfig(baseline="group", normalize_advantages=normalize, gamma=0.9)
+        raw, used, _ = compute_advantages(eqp.to_rollout(), np.zeros(eqp.tokens.shape, np.float32), c)
+        for i, (t, (row, start)) in enumerate(zip(eq, eqp.placement)):
+            a = np.asarray(used)[row, start:start + len(t.tokens)][t.loss_mask > 0]
+            if i < 2:
+                np.testing.assert_allclose(a, 0.0, atol=1e-6)
+            else:  # gamma^k (R - b), k the policy tokens after this one
+                k = np.arange(len(a))[::-1]
+                expect = 0.9 ** k * (t.reward - (eq[5 - i].reward))
+                scale = 1.0 if not normalize else np.asarray(used)[row, start:start + len(t.tokens)][
+                    t.loss_mask > 0][-1] / expect[-1]
+                np.testing.assert_allclose(a, expect * scale, rtol=1e-5, atol=1e-6)
+                assert scale > 0
     plain, _ = pack_trajectories(trajs, 64, rows_multiple=2)
     assert plain.baselines is None
     with pytest.raises(ValueError, match="group baselines"):

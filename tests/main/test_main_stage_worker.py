@@ -130,10 +130,18 @@ def test_ppo_stage_schedule_spans_every_optimiser_step_of_the_stage():
     spec = cfg.stages.single_turn_ppo
     lc = learner_config(cfg, "single_turn_ppo")
     assert (lc.ppo.epochs, lc.ppo.minibatch_size) == (4, 1)
-    assert lc.policy_optim.decay_steps == lc.critic_optim.decay_steps == spec.updates * 4 * spec.episodes_per_update
+    steps = spec.updates * 4 * spec.episodes_per_update
+    assert lc.policy_optim.warmup_steps + lc.policy_optim.decay_steps == lc.critic_optim.decay_steps == steps
+    assert lc.policy_optim.warmup_steps <= steps // 10
     _, sched = make_optimizer(lc.policy_optim)
-    # half of the stage's updates at 2 packed rows each (4 episodes a row): still above 90% of the peak rate
-    assert float(sched(spec.updates // 2 * 4 * 2)) > 0.9 * spec.lr
+    # the stage's updates at 2 packed rows each (4 episodes a row): past the warm-up, still above 90% of the peak
+    # rate at the stage's last step (a bound of 4 steps an update had reached the floor halfway)
+    assert float(sched(spec.updates * 4 * 2 - 1)) > 0.9 * spec.lr
+    # the preset as it is (one step an update): no warm-up, so the first update is applied at the full rate (a
+    # warm-up of `updates` steps ran it at 0)
+    lc1 = learner_config(load_config(TrainConfig, preset_path("local")), "single_turn_ppo")
+    _, sched1 = make_optimizer(lc1.policy_optim)
+    assert lc1.policy_optim.warmup_steps == 0 and float(sched1(0)) == pytest.approx(spec.lr)
 
 
 def test_group_baseline_needs_groups_of_episodes():
