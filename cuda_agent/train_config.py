@@ -327,5 +327,13 @@ class TrainConfig:
         _check(self.learner.ppo.baseline != "group" or self.actor.group_size >= 2,
                f"learner.ppo.baseline=group compares episodes of one task: it needs actor.group_size >= 2, got "
                f"{self.actor.group_size}")
+        if self.learner.ppo.baseline == "group":
+            for name in ("single_turn_ppo", "multi_turn_ppo"):
+                spec = getattr(self.stages, name)
+                share = -(-spec.episodes_per_update // self.actors)
+                _check(not spec.enabled or share % self.actor.group_size == 0,
+                       f"stages.{name}.episodes_per_update ({spec.episodes_per_update}) over {self.actors} actor(s) "
+                       f"is {share} an actor, not a multiple of actor.group_size ({self.actor.group_size}): groups "
+                       "would be split across updates")
         _check(self.jax_memory_fraction is None or 0 < self.jax_memory_fraction <= 1,
                f"jax_memory_fraction must be in (0, 1] or null, got {self.jax_memory_fraction}")

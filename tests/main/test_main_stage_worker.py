@@ -153,3 +153,10 @@ def test_group_baseline_needs_groups_of_episodes():
         load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group"])
     cfg = load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=4"])
     assert (cfg.learner.ppo.baseline, cfg.actor.group_size) == ("group", 4)
+    # local: 8 episodes an update, multi-turn 4, one actor: groups of 3 would straddle updates
+    with pytest.raises(ValueError, match=r"stages.single_turn_ppo.episodes_per_update \(8\) over 1 actor\(s\) is 8"):
+        load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=3"])
+    with pytest.raises(ValueError, match="stages.multi_turn_ppo"):
+        load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=8"])
+    load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=8",
+                                                    "stages.multi_turn_ppo.enabled=false"])
