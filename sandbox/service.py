@@ -24,7 +24,10 @@ Admission (in the RPC loop thread, quick):
 A slot thread takes the next job, drops it if its deadline has passed (`Error(gone)`), waits for its build,
 and sends it to its worker process with a time bound. A worker that dies or hangs is killed and replaced
 (`worker_restarts`); its job goes back to the head of the queue, and a job that has lost
-`max_worker_failures` workers is answered `internal_error` (poisoned) instead of being retried forever.
+`max_worker_failures` workers is answered `internal_error` (poisoned) instead of being retried forever. Only
+losses after the job reached the worker count: a worker found dead when its job arrives (killed while idle, or
+while the job waited for its prebuild) is replaced and the job runs on the new one; the job's deadline bounds
+that.
 An `internal_error` result (the sandbox's fault, e.g. a candidate process that could not start on an
 overloaded host) is evaluated again `internal_error_retries` times before it is answered.
 
@@ -470,7 +473,7 @@ class SandboxNode:
         return {"free": free, "queued": queued, "running": running, "workers": self.n_workers,
                 "workers_ready": ready, "queue_max": self.cfg.queue_max, "draining": draining,
                 "backend": self.backend, "worker_pids": [s.worker.pid or 0 for s in self.slots],
-                **self.metrics.snapshot()}
+                "worker_has_job": [s.worker.has_job for s in self.slots], **self.metrics.snapshot()}
 
     # ------------------------------------------------------------------------------------------ workers
     def _slot_loop(self, slot: _Slot) -> None:
@@ -551,9 +554,10 @@ class SandboxNode:
         except WorkerLost as e:
             slot.ready = False
             self.metrics.worker_restart()
-            entry.failures += 1
-            log.warning("sandbox node: %s (job %s, loss %d of %d allowed); replacing the worker", e, job.job_id,
-                        entry.failures, self.cfg.max_worker_failures)
+            if e.reached:  # a worker found dead before the job reached it is not the job's doing: not counted
+                entry.failures += 1
+            log.warning("sandbox node: %s (job %s, loss %d of %d allowed%s); replacing the worker", e, job.job_id,
+                        entry.failures, self.cfg.max_worker_failures, "" if e.reached else ", this one not counted")
             p.notes.append(f"{e}; worker replaced")
             if entry.failures >= self.cfg.max_worker_failures:
                 res = EvalResult.failure(Status.INTERNAL_ERROR, f"the job lost {entry.failures} workers ({e}); not "

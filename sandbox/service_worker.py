@@ -41,7 +41,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class WorkerLost(RuntimeError):
-    """The worker process died or stopped answering; it has been killed."""
+    """The worker process died or stopped answering; it has been killed.
+
+    Attributes:
+      reached: True when the job had been sent to the worker (the loss may be the job's doing: it counts toward
+        the node's poisoned-job bound); False when the worker was already dead, or failed to start, before the
+        job reached it (not the job's doing).
+    """
+
+    def __init__(self, message: str, reached: bool = False):
+        super().__init__(message)
+        self.reached = reached
 
 
 # ------------------------------------------------------------------------------------------------ worker side
@@ -153,6 +163,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
+        self.has_job = False  # a job was sent and its answer has not come back yet (the node's status shows it)
 
     @property
     def pid(self) -> int | None:
@@ -191,27 +202,35 @@ class WorkerProcess:
 
     def run(self, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one job and wait for its answer ("result" or "error" message). Raises WorkerLost when the process
-        dies or does not answer within `timeout_s` (it is killed then)."""
+        dies or does not answer within `timeout_s` (it is killed then); its `reached` says whether the job had been
+        sent (a worker found dead before that is not the job's doing)."""
         if self.proc is None or self.conn is None:
             raise WorkerLost(f"worker {self.name} is not running")
         if not self.alive():  # died while the node waited for the job's prebuild, or idle before it
             raise WorkerLost(f"worker {self.name} died before the job reached it ({_describe_exit(self.kill())})")
+        sent = False
         try:
             self.conn.send(job)
+            sent = self.has_job = True
             deadline = time.monotonic() + timeout_s
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.kill()
-                    raise WorkerLost(f"worker {self.name} gave no answer within {timeout_s:.0f} s; killed")
+                    raise WorkerLost(f"worker {self.name} gave no answer within {timeout_s:.0f} s; killed",
+                                     reached=True)
                 if self.conn.poll(min(left, 1.0)):
                     return self.conn.recv()
                 if not self.alive():
                     break
         except (EOFError, OSError, BrokenPipeError):
             pass
+        finally:
+            self.has_job = False
         code = self.kill()
-        raise WorkerLost(f"worker {self.name} died mid-job ({_describe_exit(code)})")
+        if not sent:  # the send failed: it died after the check above
+            raise WorkerLost(f"worker {self.name} died before the job reached it ({_describe_exit(code)})")
+        raise WorkerLost(f"worker {self.name} died mid-job ({_describe_exit(code)})", reached=True)
 
     def kill(self) -> int | None:
         """Kill the worker's whole process group; returns its exit code."""
