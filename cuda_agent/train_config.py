@@ -248,6 +248,7 @@ class EvalSpec:
     after_stages: bool = True
     """Evaluate after stage 0 and after each later stage that changes the policy."""
     samples_per_task: int = 1
+    """Episodes per evaluation task (more than 1 with temperature > 0 gives a sampled pass rate)."""
     mode: str = "single_turn"
     """How evaluation episodes run: "single_turn" (one reply holds the solution) or "multi_turn"."""
     max_turns: int = 3
