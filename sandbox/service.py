@@ -97,7 +97,10 @@ class ServiceConfig:
     node_id: str = ""
     """Name in results and logs; "" = <hostname>-<pid>."""
     workers: int = 0
-    """Verify/profile worker processes; 0 = one per GPU (cuda backend), half the cores, at least 1 (cpu)."""
+    """Verify/profile worker processes; 0 = one per GPU (cuda backend), half the cores, at least 1 (cpu). More
+    than one per GPU shares each card's memory with no admission: tasks with large inputs can run out of GPU memory
+    (three workers on an 80 GiB H100 did with an 11.5 ms task, benchmarks/RESULTS.md session 22), and a candidate
+    that fails so is answered runtime_error. Keep one per GPU for such tasks."""
     gpus: str = ""
     """cuda backend: comma-separated CUDA_VISIBLE_DEVICES entries to serve; "" = every visible GPU."""
     build_workers: int = -1
