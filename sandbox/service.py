@@ -26,8 +26,9 @@ and sends it to its worker process with a time bound. A worker that dies or hang
 (`worker_restarts`); its job goes back to the head of the queue, and a job that has lost
 `max_worker_failures` workers is answered `internal_error` (poisoned) instead of being retried forever. Only
 losses after the job reached the worker count: a worker found dead when its job arrives (killed while idle, or
-while the job waited for its prebuild) is replaced and the job runs on the new one; the job's deadline bounds
-that.
+while the job waited for its prebuild) is replaced and the job runs on the new one; after 2 x
+`max_worker_failures` + 1 such finds the job is answered `internal_error` (the node's workers keep dying), or
+earlier when its deadline passes.
 An `internal_error` result (the sandbox's fault, e.g. a candidate process that could not start on an
 overloaded host) is evaluated again `internal_error_retries` times before it is answered.
 
@@ -557,14 +558,22 @@ class SandboxNode:
         except WorkerLost as e:
             slot.ready = False
             self.metrics.worker_restart()
-            if e.reached:  # a worker found dead before the job reached it is not the job's doing: not counted
+            # a worker found dead before the job reached it is not the job's doing: not counted as its loss, but
+            # bounded on its own (a node whose workers keep dying answers the job instead of cycling it)
+            if e.reached:
                 entry.failures += 1
+            else:
+                entry.unreached += 1
+            unreached_max = 2 * self.cfg.max_worker_failures + 1
             log.warning("sandbox node: %s (job %s, loss %d of %d allowed%s); replacing the worker", e, job.job_id,
-                        entry.failures, self.cfg.max_worker_failures, "" if e.reached else ", this one not counted")
+                        entry.failures, self.cfg.max_worker_failures,
+                        "" if e.reached else f", not counted: {entry.unreached} of {unreached_max} such")
             p.notes.append(f"{e}; worker replaced")
-            if entry.failures >= self.cfg.max_worker_failures:
-                res = EvalResult.failure(Status.INTERNAL_ERROR, f"the job lost {entry.failures} workers ({e}); not "
-                                         "retried (poisoned job?)", task_id=p.task.id, format=job.format,
+            if entry.failures >= self.cfg.max_worker_failures or entry.unreached >= unreached_max:
+                why = (f"the job lost {entry.failures} workers ({e}); not retried (poisoned job?)" if e.reached else
+                       f"{entry.unreached} workers were found dead when the job reached them ({e}); not retried "
+                       "(the node's workers keep dying)")
+                res = EvalResult.failure(Status.INTERNAL_ERROR, why, task_id=p.task.id, format=job.format,
                                          backend=self.backend).to_dict()
                 self._finish(entry, res, stage)
             else:

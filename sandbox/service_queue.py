@@ -34,6 +34,7 @@ class QueuedJob:
     waiters: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
     accepted: float = dataclasses.field(default_factory=time.monotonic)
     failures: int = 0          # workers lost while running it
+    unreached: int = 0         # workers found dead when it arrived (not its doing; bounded separately)
     retries: int = 0           # internal_error results answered by running it again
     seq: int = 0
 

@@ -167,7 +167,8 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        proc = self.proc  # read once: kill() may set it to None from the slot thread while the status reads it
+        return proc.pid if proc is not None else None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -99,7 +99,8 @@ def test_worker_found_dead_when_a_job_arrives_is_not_the_jobs_loss(tmp_path):
             assert res.status == "ok", res.result["message"]
             assert any("died before the job reached it (killed by SIGKILL); worker replaced" in ln
                        for ln in res.result["log"]), res.result["log"]
-            st = node_status(c, node.endpoint)
+            st = wait_until(lambda: (s := node_status(c, node.endpoint))["counts"].get("worker_restarts") and s, 10,
+                            "the restart in the node's counters")
             assert st["counts"]["worker_restarts"] == 1 and st["worker_pids"][0] != pid
     finally:
         node.stop()
