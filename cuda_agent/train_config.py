@@ -322,6 +322,13 @@ class TrainConfig:
     supervision: SupervisionSpec = dataclasses.field(default_factory=SupervisionSpec)
     report: ReportSpec = dataclasses.field(default_factory=ReportSpec)
 
+    def episodes_per_actor(self, spec: PPOStageSpec) -> int:
+        """Each actor's share of one PPO update's episodes in stage `spec`: actor.episodes_per_version when set
+        (0 = no share), else episodes_per_update over the actors, rounded up."""
+        if self.actor.episodes_per_version is not None:
+            return self.actor.episodes_per_version
+        return -(-spec.episodes_per_update // self.actors)
+
     def __post_init__(self) -> None:
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.actors >= 1, f"actors must be >= 1, got {self.actors}")
@@ -331,7 +338,7 @@ class TrainConfig:
         if self.learner.ppo.baseline == "group":
             for name in ("single_turn_ppo", "multi_turn_ppo"):
                 spec = getattr(self.stages, name)
-                share = -(-spec.episodes_per_update // self.actors)
+                share = self.episodes_per_actor(spec)
                 _check(not spec.enabled or share % self.actor.group_size == 0,
                        f"stages.{name}.episodes_per_update ({spec.episodes_per_update}) over {self.actors} actor(s) "
                        f"is {share} an actor, not a multiple of actor.group_size ({self.actor.group_size}): groups "

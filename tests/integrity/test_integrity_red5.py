@@ -6,6 +6,7 @@ solution). Each CPU test runs real processes and the real sandbox; the gpu-marke
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -75,8 +76,6 @@ def _two_cores_free() -> bool:
 
 def _elementwise_chain_x(factor: int):
     """elementwise_chain with `factor` times its rows (64 x 16,384 floats at factor 1)."""
-    import re
-
     t = task()
     ref, n = re.subn(r"^batch_size\s*=\s*64\s*$", f"batch_size = {64 * factor}", t.reference, flags=re.M)
     assert n == 1
