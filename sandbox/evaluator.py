@@ -301,7 +301,8 @@ class Evaluator:
             trials=[TrialResult.from_dict(t) for t in out.get("trials", [])],
             timing=TimingStats.from_dict(out["timing"]) if out.get("timing") else None,
             violations=[Violation.from_dict(v) for v in out.get("violations", [])],
-            nvml=list(out.get("nvml", [])), log=log, contended=bool(out.get("contended", False)), **base,
+            nvml=list(out.get("nvml", [])), log=log, contended=bool(out.get("contended", False)),
+            device_peak_bytes=int(out.get("device_peak_bytes", 0) or 0), **base,
         )
         res.stage_ms.update(out.get("stage_ms", {}))
         return res

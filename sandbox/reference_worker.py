@@ -1929,7 +1929,11 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
             return
         try:
             if op == "evaluate":
+                if torch.cuda.is_initialized():
+                    torch.cuda.reset_peak_memory_stats()
                 res = run_job(job, cache, cfg, spares)
+                if torch.cuda.is_initialized():
+                    res["device_peak_bytes"] = int(torch.cuda.max_memory_reserved())
             elif op == "ping":
                 res = {"ok": True, "pid": os.getpid()}
             else:

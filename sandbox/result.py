@@ -206,6 +206,9 @@ class EvalResult:
       log: further notes (state_dict keys that did not match, worker replaced, ...).
       contended: the device's timing lock (sandbox.service_lock) could not be had for this evaluation, so other
         work may have shared the device while it was timed: re-measure before trusting the reward.
+      device_peak_bytes: the trusted worker's peak of device memory reserved by torch over this evaluation
+        (reference, inputs, expected outputs, comparisons), bytes; 0 on the CPU backend or when it did not run.
+        The sandbox node sizes its jobs' device-memory reservations from it (sandbox.service_admission).
     """
 
     status: str
@@ -224,6 +227,7 @@ class EvalResult:
     nvml: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     log: list[str] = dataclasses.field(default_factory=list)
     contended: bool = False
+    device_peak_bytes: int = 0
 
     def __post_init__(self) -> None:
         allowed = {s.value for s in Status}
@@ -262,6 +266,7 @@ class EvalResult:
             "nvml": [dict(r) for r in self.nvml],
             "log": list(self.log),
             "contended": bool(self.contended),
+            "device_peak_bytes": int(self.device_peak_bytes),
         }
 
     @classmethod

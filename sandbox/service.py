@@ -68,6 +68,7 @@ from protocol.sandbox_jobs import SandboxJob, SandboxResult
 from sandbox.config import SandboxConfig
 from sandbox.evaluator import check_format
 from sandbox.result import EvalResult, Status
+from sandbox.service_admission import DeviceLedger, TaskFootprints, gpu_memory_bytes, out_of_memory, task_footprint_key
 from sandbox.service_lock import DEFAULT_LOCK_DIR, gpu_device_key
 from sandbox.service_metrics import NodeMetrics
 from sandbox.service_queue import JobQueue, QueuedJob, ResultStore
@@ -99,9 +100,8 @@ class ServiceConfig:
     """Name in results and logs; "" = <hostname>-<pid>."""
     workers: int = 0
     """Verify/profile worker processes; 0 = one per GPU (cuda backend), half the cores, at least 1 (cpu). More
-    than one per GPU shares each card's memory with no admission: tasks with large inputs can run out of GPU memory
-    (three workers on an 80 GiB H100 did with an 11.5 ms task, benchmarks/RESULTS.md session 22), and a candidate
-    that fails so is answered runtime_error. Keep one per GPU for such tasks."""
+    than one per GPU shares each card's memory: the jobs then reserve device memory (`memory_admission`), and one
+    that runs out of it beside another job is evaluated again alone (sandbox.service_admission)."""
     gpus: str = ""
     """cuda backend: comma-separated CUDA_VISIBLE_DEVICES entries to serve; "" = every visible GPU."""
     build_workers: int = -1
@@ -152,6 +152,17 @@ class ServiceConfig:
     """On SIGTERM, wait at most this long for running jobs."""
     ready_file: str = ""
     """Write {"endpoint", "metrics_port", "pid", ...} as JSON here once every worker is up ("" = none)."""
+    memory_admission: bool = True
+    """Several workers per GPU: a job starts only when the device memory its task needs (`job_memory_factor` x the
+    trusted worker's measured peak for the task) fits beside the jobs running on its GPU; and a job whose result
+    reports a device out-of-memory error while its GPU was shared is evaluated again alone, once. False: neither
+    (a candidate can then be answered runtime_error for its neighbours' memory)."""
+    gpu_memory_fraction: float = 0.9
+    """Share (0, 1] of each GPU's memory (NVML total) the running jobs may reserve in all; the rest is for CUDA
+    contexts and the GPU's other users."""
+    job_memory_factor: float = 2.0
+    """A job reserves this many times its task's trusted-side device peak (EvalResult.device_peak_bytes): the
+    candidate's process holds about as much again (inputs, outputs, its own intermediates)."""
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
     """The build / verify / profile configuration every job starts from."""
 
@@ -162,6 +173,10 @@ class ServiceConfig:
                          ("job_ids_kept", 1), ("result_cache_bytes", 0), ("build_workers", -1), ("metrics_port", -1)):
             if getattr(self, name) < lo:
                 raise ValueError(f"ServiceConfig.{name} must be >= {lo}, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(f"ServiceConfig.gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        if not self.job_memory_factor > 0:
+            raise ValueError(f"ServiceConfig.job_memory_factor must be > 0, got {self.job_memory_factor}")
         for name in ("busy_retry_after_s", "timing_lock_timeout_s", "log_interval_s", "drain_timeout_s",
                      "worker_start_timeout_s", "job_id_keep_s"):
             if not getattr(self, name) > 0:
@@ -254,8 +269,10 @@ class _Job:
     task: Task
     overrides: dict[str, Any]
     cfg: SandboxConfig
+    footprint_key: str = ""    # the task's key in the node's TaskFootprints
     prebuild: concurrent.futures.Future | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    exclusive: bool = False    # run alone on its device (evaluated again after running out of memory beside others)
 
 
 @dataclasses.dataclass(eq=False)
@@ -263,6 +280,7 @@ class _Slot:
     index: int
     worker: WorkerProcess
     lock: dict[str, Any] | None
+    device: str = "cpu"        # its DeviceLedger's key: the GPU's CUDA_VISIBLE_DEVICES entry, "cpu" on the cpu backend
     ready: bool = False
     thread: threading.Thread | None = None
 
@@ -306,18 +324,28 @@ class SandboxNode:
         self._threads: list[threading.Thread] = []
         sb_dict = dataclasses.asdict(self.sandbox_cfg)
         self.slots: list[_Slot] = []
+        self.footprints = TaskFootprints()
+        self.ledgers: dict[str, DeviceLedger] = {}
         for i in range(n):
             env: dict[str, str] = {}
             lock = None
+            device = "cpu"
             if backend == "cuda":
-                gpu = self.gpus[i % len(self.gpus)]
+                gpu = device = self.gpus[i % len(self.gpus)]
                 env["CUDA_VISIBLE_DEVICES"] = gpu
                 if lock_on:
                     lock = {"key": gpu_device_key(gpu), "dir": cfg.timing_lock_dir, "timeout_s": cfg.timing_lock_timeout_s}
             elif lock_on:
                 lock = {"key": cfg.cpu_lock_key, "dir": cfg.timing_lock_dir, "timeout_s": cfg.timing_lock_timeout_s}
             w = WorkerProcess(f"w{i}", sb_dict, env, cfg.evaluators_per_worker, cfg.worker_start_timeout_s)
-            self.slots.append(_Slot(i, w, lock))
+            self.slots.append(_Slot(i, w, lock, device))
+            self.ledgers.setdefault(device, DeviceLedger())
+        for device, ledger in self.ledgers.items():
+            shared = sum(s.device == device for s in self.slots) > 1
+            if cfg.memory_admission and shared and device != "cpu":
+                ledger.capacity_bytes = int(gpu_memory_bytes(device) * cfg.gpu_memory_fraction)
+                log.info("sandbox node: GPU %s shared by %d workers; jobs reserve device memory within %.1f GiB",
+                         device, sum(s.device == device for s in self.slots), ledger.capacity_bytes / 2**30)
         self.prebuilder = None  # built in start() (it probes the isolation: seconds)
         self.n_build = nb
         self.server = RpcServer(cfg.endpoint, self._handle, expect=(SandboxJob,), server_id=self.node_id,
@@ -461,7 +489,8 @@ class SandboxNode:
             cfg = dataclasses.replace(self.sandbox_cfg, **overrides)
         except ValueError as e:
             raise BadJob("SandboxJob.settings", str(e)) from None
-        return _Job(job, task, overrides, cfg), content_key(task, job.files, job.format, cfg, salt)
+        return (_Job(job, task, overrides, cfg, footprint_key=task_footprint_key(job.task)),
+                content_key(task, job.files, job.format, cfg, salt))
 
     def _result_msg(self, job_id: str, result: dict[str, Any], note: str | None = None) -> SandboxResult:
         if note:
@@ -498,7 +527,7 @@ class SandboxNode:
                 self.metrics.workers.set(sum(s.ready for s in self.slots))
                 log.info("sandbox node: worker %s up (pid %s, %s, isolation %s)", slot.worker.name, info.get("pid"),
                          info.get("device"), info.get("isolation"))
-            entry = self._take()
+            entry = self._take(slot)
             if entry is None:
                 continue
             self.metrics.worker_busy(slot.index, True)
@@ -512,13 +541,27 @@ class SandboxNode:
                 self.metrics.worker_busy(slot.index, False)
                 with self._mu:
                     self._running -= 1
+                    self.ledgers[slot.device].finish(slot.index)
                     self._cv.notify_all()
 
-    def _take(self) -> QueuedJob | None:
+    def _need_bytes(self, p: _Job) -> int:
+        """Device memory a job reserves: job_memory_factor x its task's measured peak (0 while unmeasured)."""
+        if not self.cfg.memory_admission:
+            return 0
+        return int(self.cfg.job_memory_factor * self.footprints.get(p.footprint_key))
+
+    def _take(self, slot: _Slot) -> QueuedJob | None:
+        """The next job for `slot`, once its device has room for it (hold the job meanwhile: the device's other
+        slots take none, so a large job is not starved by small ones); None when stopping or after dropping
+        expired jobs."""
         expired: list[QueuedJob] = []
+        ledger = self.ledgers[slot.device]
         with self._cv:
             entry = None
             while entry is None and not self._stop.is_set():
+                if ledger.blocked_for(slot.index):
+                    self._cv.wait(0.5)
+                    continue
                 entry = self.queue.pop()
                 if entry is None:
                     self._cv.wait(0.5)
@@ -530,6 +573,17 @@ class SandboxNode:
                         break
             if entry is not None:
                 self._running += 1
+                need, alone = self._need_bytes(entry.payload), entry.payload.exclusive
+                while not ledger.fits(need, alone) and not self._stop.is_set():
+                    ledger.holder = slot.index
+                    self._cv.wait(0.5)
+                if self._stop.is_set() and not ledger.fits(need, alone):
+                    ledger.holder = None
+                    self._running -= 1
+                    self.queue.push(entry, force=True)
+                    entry = None
+                else:
+                    ledger.start(slot.index, need, alone)
             self.metrics.set_queue(self.queue.depth_by_priority())
         for e in expired:
             self.metrics.rejected_job("expired")
@@ -595,6 +649,25 @@ class SandboxNode:
                                      format=job.format, backend=self.backend).to_dict()
         else:
             res = out["result"]
+        peak = int(res.get("device_peak_bytes", 0) or 0)
+        with self._mu:
+            grew = self.footprints.record(p.footprint_key, peak)
+            shared = slot.index in self.ledgers[slot.device].shared
+        if grew and self.cfg.memory_admission:
+            log.info("sandbox node: task %s: trusted device peak %.2f GiB; its jobs reserve %.2f GiB", p.task.id,
+                     peak / 2**30, self._need_bytes(p) / 2**30)
+        if self.cfg.memory_admission and shared and not p.exclusive and out_of_memory(res):
+            p.exclusive = True
+            self.metrics.rejected_job("oom_rerun")
+            why = str(res.get("message", ""))[:300]
+            log.warning("sandbox node: job %s ran out of device memory beside other jobs (%s); evaluating it again "
+                        "alone", job.job_id, why)
+            p.notes.append(f"{res.get('status')} on a device shared with other jobs, out of memory ({why}); "
+                           "evaluated again alone")
+            with self._cv:
+                self.queue.push(entry, force=True)
+                self._cv.notify()
+            return
         if res.get("status") == Status.INTERNAL_ERROR.value and entry.retries < self.cfg.internal_error_retries:
             entry.retries += 1
             self.metrics.rejected_job("internal_retry")

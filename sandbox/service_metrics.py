@@ -6,7 +6,8 @@ Prometheus names (all prefixed `cuda_agent_sandbox_`):
   workers, workers_busy             verify/profile workers up / running a job (gauges)
   jobs_total{status}                finished jobs by EvalResult status (counter)
   rejected_total{reason}            jobs refused: busy, draining, bad_message, expired; and internal_retry:
-                                    internal_error results evaluated again (counter)
+                                    internal_error results evaluated again, oom_rerun: jobs that ran out of
+                                    device memory beside others, evaluated again alone (counter)
   cache_hits_total{kind}            answered from memory: job_id, content, coalesced (counter)
   worker_restarts_total             worker processes replaced after dying or hanging (counter)
   contended_total                   results timed without the device's timing lock (counter)

@@ -44,6 +44,9 @@ def test_cubin_corpus(gpu_evaluator, task, variant):
     if res.ok:
         assert res.reward >= 0 and res.timing is not None and res.timing.device != "cpu"
         assert len(res.nvml) == 2 and res.nvml[0]["sm_clock_mhz"] > 0
+        # the trusted side's device peak (the node's memory admission sizes reservations from it): at least the
+        # reference's inputs and outputs, which torch's caching allocator reserves in whole 2 MiB blocks or more
+        assert res.device_peak_bytes >= 2 * 2**20, res.device_peak_bytes
     else:
         assert res.reward == -1
 

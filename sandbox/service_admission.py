@@ -1,0 +1,149 @@
+"""Device-memory admission for several sandbox workers on one GPU (plain data: the node's lock guards it).
+
+Why: one worker per GPU (the default) cannot run out of device memory for its neighbours' sake, but a node with
+several workers per GPU (`ServiceConfig.workers` > GPUs, to overlap one evaluation's CPU work with another's
+timing) can: three evaluations of a task with 2 GiB tensors ran an 80 GiB H100 out of memory (benchmarks/RESULTS.md,
+session 22), and a candidate that fails that way would be answered `runtime_error`, reward -1, for its
+neighbours' memory: a wrong reward.
+
+Two parts:
+- Reservation (`DeviceLedger`): a job reserves `bytes_factor` x the trusted worker's measured device peak for its
+  task (`EvalResult.device_peak_bytes`, learned per task by `TaskFootprints`; 0 while a task is unmeasured) and
+  starts only when the reservations of the jobs running on its device leave room for it within the device's
+  capacity. A job that does not fit is held at the head by its slot; the device's other slots take no new job
+  meanwhile (no starvation of large jobs).
+- Safety net (`out_of_memory`): a job whose result reports a device out-of-memory error while another job shared
+  its device is evaluated again alone (an exclusive reservation), once. The candidate cannot turn this into more
+  than one extra evaluation: the second result is final, whatever it says.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import re
+from typing import Any
+
+_OOM = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", re.IGNORECASE)
+_OOM_STATUSES = ("runtime_error", "internal_error", "timeout")
+
+
+def out_of_memory(result: dict[str, Any]) -> bool:
+    """Whether an evaluation result (EvalResult.to_dict()) failed on a device out-of-memory error: a failing status
+    (runtime_error, internal_error, timeout) whose message or log names one (torch's "CUDA out of memory", the
+    driver's CUDA_ERROR_OUT_OF_MEMORY, the runtime's cudaErrorMemoryAllocation)."""
+    if result.get("status") not in _OOM_STATUSES:
+        return False
+    texts = [str(result.get("message", ""))] + [str(x) for x in result.get("log", [])[-8:]]
+    return any(_OOM.search(t) for t in texts)
+
+
+def task_footprint_key(task: dict[str, Any]) -> str:
+    """Key under which a task's device footprint is learned: sha256 (16 hex) of its id, reference source, shape
+    parameters and dtype (the things that decide its tensors' sizes)."""
+    doc = {k: task.get(k) for k in ("id", "task_id", "reference", "shape_params", "dtype")}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class TaskFootprints:
+    """Largest device peak (bytes) seen per task key, LRU-bounded to `max_tasks` entries."""
+
+    def __init__(self, max_tasks: int = 10_000):
+        if max_tasks < 1:
+            raise ValueError(f"TaskFootprints: max_tasks must be >= 1, got {max_tasks}")
+        self.max_tasks = max_tasks
+        self._peak: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._peak)
+
+    def get(self, key: str) -> int:
+        """Bytes, 0 for a task not measured yet."""
+        v = self._peak.get(key, 0)
+        if key in self._peak:
+            self._peak.move_to_end(key)
+        return v
+
+    def record(self, key: str, peak_bytes: int) -> bool:
+        """Keep the largest of the peaks seen for `key`; True when it grew (a peak of 0 or less, e.g. the CPU
+        backend's, is ignored)."""
+        if peak_bytes <= 0:
+            return False
+        old = self._peak.get(key, 0)
+        self._peak[key] = max(old, int(peak_bytes))
+        self._peak.move_to_end(key)
+        while len(self._peak) > self.max_tasks:
+            self._peak.popitem(last=False)
+        return peak_bytes > old
+
+
+@dataclasses.dataclass
+class DeviceLedger:
+    """The reservations of the jobs running on one device.
+
+    capacity_bytes: what the jobs may reserve in all (0: unknown, reservations are not limited; exclusive jobs
+      still run alone).
+    reserved: slot index -> bytes reserved by the job that slot runs (0 for an unmeasured task).
+    exclusive: slot indices whose job runs alone.
+    holder: the slot holding a job that waits for room (the device's other slots take no new job meanwhile).
+    shared: slot indices whose running job has had another job beside it on this device at some point.
+    """
+
+    capacity_bytes: int = 0
+    reserved: dict[int, int] = dataclasses.field(default_factory=dict)
+    exclusive: set[int] = dataclasses.field(default_factory=set)
+    holder: int | None = None
+    shared: set[int] = dataclasses.field(default_factory=set)
+
+    def fits(self, need_bytes: int, exclusive: bool = False) -> bool:
+        """Whether a job reserving `need_bytes` (alone when `exclusive`) may start now."""
+        if not self.reserved:
+            return True
+        if exclusive or self.exclusive:
+            return False
+        return self.capacity_bytes <= 0 or sum(self.reserved.values()) + need_bytes <= self.capacity_bytes
+
+    def blocked_for(self, slot: int) -> bool:
+        """Whether `slot` must not take a new job because another slot holds one waiting for room."""
+        return self.holder is not None and self.holder != slot
+
+    def start(self, slot: int, need_bytes: int, exclusive: bool = False) -> None:
+        """Record that `slot` starts a job (after `fits`)."""
+        if self.reserved:
+            self.shared.update(self.reserved)
+            self.shared.add(slot)
+        self.reserved[slot] = max(0, int(need_bytes))
+        if exclusive:
+            self.exclusive.add(slot)
+        if self.holder == slot:
+            self.holder = None
+
+    def finish(self, slot: int) -> bool:
+        """Release `slot`'s reservation; True when its job shared the device with another at some point."""
+        self.reserved.pop(slot, None)
+        self.exclusive.discard(slot)
+        was_shared = slot in self.shared
+        self.shared.discard(slot)
+        return was_shared
+
+
+def gpu_memory_bytes(visible: str) -> int:
+    """Total memory (bytes) of the GPU named by a `CUDA_VISIBLE_DEVICES` entry (an index or a GPU-/MIG- UUID),
+    from NVML; 0 when NVML does not answer (torch is not imported: the node never makes a CUDA context)."""
+    text = str(visible).strip()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            if text.upper().startswith(("GPU-", "MIG-")):
+                h = pynvml.nvmlDeviceGetHandleByUUID(text)
+            else:
+                h = pynvml.nvmlDeviceGetHandleByIndex(int(text))
+            return int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML or no such GPU: capacity unknown
+        return 0
