@@ -302,7 +302,8 @@ class Evaluator:
             timing=TimingStats.from_dict(out["timing"]) if out.get("timing") else None,
             violations=[Violation.from_dict(v) for v in out.get("violations", [])],
             nvml=list(out.get("nvml", [])), log=log, contended=bool(out.get("contended", False)),
-            device_peak_bytes=int(out.get("device_peak_bytes", 0) or 0), **base,
+            device_peak_bytes=int(out.get("device_peak_bytes", 0) or 0),
+            device_free_fraction=float(out.get("device_free_fraction", -1.0)), **base,
         )
         res.stage_ms.update(out.get("stage_ms", {}))
         return res

@@ -992,6 +992,8 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     def reference_failed(e: BaseException, tb: str) -> dict:
         out.update(status=Status.INTERNAL_ERROR.value, message=f"reference failed: {type(e).__name__}: {e}",
                    detail=tb[-2000:])
+        if cuda:
+            out["device_free_fraction"] = _device_free_fraction()
         return out
 
     try:
@@ -1186,6 +1188,11 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         return out
     except StageFailure as f:
         out.update(status=f.status.value, message=f.message)
+        if cuda and not f.message.startswith("profile"):
+            # trusted evidence for the node's out-of-memory re-run (sandbox.service_admission), read while the
+            # candidate and the GPU's other jobs still hold their memory; never for the profile (a re-run there
+            # would give the candidate a second draw of its timing)
+            out["device_free_fraction"] = _device_free_fraction()
         out["violations"].extend(v.to_dict() for v in f.violations)
         if getattr(f, "detail", ""):
             out["detail"] = f.detail  # type: ignore[attr-defined]
@@ -1203,6 +1210,15 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             spares.retire(cand)  # the next job's first timed section waits for its teardown (await_teardown)
         if spill is not None:
             spill.close()
+
+
+def _device_free_fraction() -> float:
+    """Free share of the current device's memory, all processes (cudaMemGetInfo); -1.0 when it cannot be read."""
+    try:
+        free, total = torch.cuda.mem_get_info()
+        return free / total if total else -1.0
+    except Exception:  # noqa: BLE001 - best effort: no evidence
+        return -1.0
 
 
 def tree_cpu_s(pid: int, precise: bool = False) -> float | None:
@@ -1933,11 +1949,13 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
             return
         try:
             if op == "evaluate":
+                # the job's own peak: above what this process held before it (other tasks' cached references)
+                base = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
                 if torch.cuda.is_initialized():
                     torch.cuda.reset_peak_memory_stats()
                 res = run_job(job, cache, cfg, spares)
                 if torch.cuda.is_initialized():
-                    res["device_peak_bytes"] = int(torch.cuda.max_memory_reserved())
+                    res["device_peak_bytes"] = max(0, int(torch.cuda.max_memory_reserved()) - base)
             elif op == "ping":
                 res = {"ok": True, "pid": os.getpid()}
             else:

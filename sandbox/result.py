@@ -206,9 +206,13 @@ class EvalResult:
       log: further notes (state_dict keys that did not match, worker replaced, ...).
       contended: the device's timing lock (sandbox.service_lock) could not be had for this evaluation, so other
         work may have shared the device while it was timed: re-measure before trusting the reward.
-      device_peak_bytes: the trusted worker's peak of device memory reserved by torch over this evaluation
-        (reference, inputs, expected outputs, comparisons), bytes; 0 on the CPU backend or when it did not run.
-        The sandbox node sizes its jobs' device-memory reservations from it (sandbox.service_admission).
+      device_peak_bytes: the trusted worker's peak of device memory reserved by torch over this evaluation, above
+        what it held before (reference, inputs, expected outputs, comparisons), bytes; 0 on the CPU backend or when
+        it did not run. The sandbox node sizes its jobs' device-memory reservations from it
+        (sandbox.service_admission).
+      device_free_fraction: after a failed stage other than the profile, the free share (0..1) of the device's
+        memory, all processes, read by the trusted worker at once; -1.0 when not read (success, the CPU backend,
+        a profile failure). The node's out-of-memory re-run requires it to be low (trusted evidence).
     """
 
     status: str
@@ -228,6 +232,7 @@ class EvalResult:
     log: list[str] = dataclasses.field(default_factory=list)
     contended: bool = False
     device_peak_bytes: int = 0
+    device_free_fraction: float = -1.0
 
     def __post_init__(self) -> None:
         allowed = {s.value for s in Status}
@@ -267,6 +272,7 @@ class EvalResult:
             "log": list(self.log),
             "contended": bool(self.contended),
             "device_peak_bytes": int(self.device_peak_bytes),
+            "device_free_fraction": float(self.device_free_fraction),
         }
 
     @classmethod

@@ -51,6 +51,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -155,14 +156,19 @@ class ServiceConfig:
     memory_admission: bool = True
     """Several workers per GPU: a job starts only when the device memory its task needs (`job_memory_factor` x the
     trusted worker's measured peak for the task) fits beside the jobs running on its GPU; and a job whose result
-    reports a device out-of-memory error while its GPU was shared is evaluated again alone, once. False: neither
-    (a candidate can then be answered runtime_error for its neighbours' memory)."""
+    reports a device out-of-memory error before the profile while its GPU was shared, with the trusted worker's
+    reading of free device memory below `oom_free_fraction`, is evaluated again alone (sharing the
+    internal_error_retries budget). False: neither (a candidate can then be answered runtime_error for its
+    neighbours' memory). The CPU backend has neither."""
     gpu_memory_fraction: float = 0.9
     """Share (0, 1] of each GPU's memory (NVML total) the running jobs may reserve in all; the rest is for CUDA
     contexts and the GPU's other users."""
     job_memory_factor: float = 2.0
     """A job reserves this many times its task's trusted-side device peak (EvalResult.device_peak_bytes): the
     candidate's process holds about as much again (inputs, outputs, its own intermediates)."""
+    oom_free_fraction: float = 0.25
+    """An out-of-memory answer counts as the neighbours' doing only when the trusted worker found less than this
+    share (0, 1] of the GPU's memory free right after the failure (EvalResult.device_free_fraction)."""
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
     """The build / verify / profile configuration every job starts from."""
 
@@ -173,10 +179,11 @@ class ServiceConfig:
                          ("job_ids_kept", 1), ("result_cache_bytes", 0), ("build_workers", -1), ("metrics_port", -1)):
             if getattr(self, name) < lo:
                 raise ValueError(f"ServiceConfig.{name} must be >= {lo}, got {getattr(self, name)}")
-        if not 0 < self.gpu_memory_fraction <= 1:
-            raise ValueError(f"ServiceConfig.gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
-        if not self.job_memory_factor > 0:
-            raise ValueError(f"ServiceConfig.job_memory_factor must be > 0, got {self.job_memory_factor}")
+        for name in ("gpu_memory_fraction", "oom_free_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"ServiceConfig.{name} must be in (0, 1], got {getattr(self, name)}")
+        if not (math.isfinite(self.job_memory_factor) and self.job_memory_factor > 0):
+            raise ValueError(f"ServiceConfig.job_memory_factor must be a finite number > 0, got {self.job_memory_factor}")
         for name in ("busy_retry_after_s", "timing_lock_timeout_s", "log_interval_s", "drain_timeout_s",
                      "worker_start_timeout_s", "job_id_keep_s"):
             if not getattr(self, name) > 0:
@@ -339,13 +346,17 @@ class SandboxNode:
                 lock = {"key": cfg.cpu_lock_key, "dir": cfg.timing_lock_dir, "timeout_s": cfg.timing_lock_timeout_s}
             w = WorkerProcess(f"w{i}", sb_dict, env, cfg.evaluators_per_worker, cfg.worker_start_timeout_s)
             self.slots.append(_Slot(i, w, lock, device))
-            self.ledgers.setdefault(device, DeviceLedger())
+            self.ledgers.setdefault(device, DeviceLedger(slots=0)).slots += 1
         for device, ledger in self.ledgers.items():
-            shared = sum(s.device == device for s in self.slots) > 1
-            if cfg.memory_admission and shared and device != "cpu":
+            if cfg.memory_admission and ledger.slots > 1 and device != "cpu":
                 ledger.capacity_bytes = int(gpu_memory_bytes(device) * cfg.gpu_memory_fraction)
-                log.info("sandbox node: GPU %s shared by %d workers; jobs reserve device memory within %.1f GiB",
-                         device, sum(s.device == device for s in self.slots), ledger.capacity_bytes / 2**30)
+                if ledger.capacity_bytes > 0:
+                    log.info("sandbox node: GPU %s shared by %d workers; jobs reserve device memory within %.1f GiB",
+                             device, ledger.slots, ledger.capacity_bytes / 2**30)
+                else:
+                    log.warning("sandbox node: GPU %s shared by %d workers, but NVML gave no memory size: jobs are "
+                                "not limited by reservations (out-of-memory re-runs still apply)", device,
+                                ledger.slots)
         self.prebuilder = None  # built in start() (it probes the isolation: seconds)
         self.n_build = nb
         self.server = RpcServer(cfg.endpoint, self._handle, expect=(SandboxJob,), server_id=self.node_id,
@@ -464,7 +475,7 @@ class SandboxNode:
             if self.prebuilder is not None:
                 payload.prebuild = self.prebuilder.submit(payload.task, job.files, job.format, payload.cfg)
             self.metrics.set_queue(self.queue.depth_by_priority())
-            self._cv.notify()
+            self._cv.notify_all()
         return None
 
     def _busy(self, job: SandboxJob, why: str) -> Error:
@@ -545,16 +556,19 @@ class SandboxNode:
                     self._cv.notify_all()
 
     def _need_bytes(self, p: _Job) -> int:
-        """Device memory a job reserves: job_memory_factor x its task's measured peak (0 while unmeasured)."""
+        """Device memory a job reserves: job_memory_factor x its task's measured peak (0 while unmeasured; hold
+        the lock)."""
         if not self.cfg.memory_admission:
             return 0
         return int(self.cfg.job_memory_factor * self.footprints.get(p.footprint_key))
 
     def _take(self, slot: _Slot) -> QueuedJob | None:
-        """The next job for `slot`, once its device has room for it (hold the job meanwhile: the device's other
-        slots take none, so a large job is not starved by small ones); None when stopping or after dropping
-        expired jobs."""
-        expired: list[QueuedJob] = []
+        """The next job for `slot`, once its device has room for it; None when stopping or after answering jobs
+        whose deadline passed. A job that fits on no GPU with a free slot is held here (the device's other slots
+        take none meanwhile, so a large job is not starved by small ones) until it fits, or goes back to the queue
+        when another GPU can take it, and is answered when its deadline passes or the node drains."""
+        gone: list[QueuedJob] = []
+        handed_back: list[QueuedJob] = []
         ledger = self.ledgers[slot.device]
         with self._cv:
             entry = None
@@ -562,34 +576,62 @@ class SandboxNode:
                 if ledger.blocked_for(slot.index):
                     self._cv.wait(0.5)
                     continue
-                entry = self.queue.pop()
-                if entry is None:
+                head = self.queue.peek()
+                if head is None:
                     self._cv.wait(0.5)
-                elif entry.deadline < time.monotonic():
-                    expired.append(entry)
-                    self._forget(entry)
-                    entry = None
+                    continue
+                if head.deadline < time.monotonic():
+                    self.queue.pop()
+                    gone.append(head)
+                    self._forget(head)
                     if not self.queue:
                         break
-            if entry is not None:
+                    continue
+                need, alone = self._need_bytes(head.payload), head.payload.exclusive
+                if not ledger.fits(need, alone) and self._elsewhere(slot.device, need, alone):
+                    self._cv.wait(0.5)  # a free slot of another GPU takes it
+                    continue
+                entry = self.queue.pop()
                 self._running += 1
-                need, alone = self._need_bytes(entry.payload), entry.payload.exclusive
-                while not ledger.fits(need, alone) and not self._stop.is_set():
+                while not ledger.fits(need, alone) and not self._stop.is_set() and not self._draining \
+                        and entry.deadline >= time.monotonic() and not self._elsewhere(slot.device, need, alone):
                     ledger.holder = slot.index
                     self._cv.wait(0.5)
-                if self._stop.is_set() and not ledger.fits(need, alone):
+                if ledger.holder == slot.index:
                     ledger.holder = None
-                    self._running -= 1
-                    self.queue.push(entry, force=True)
-                    entry = None
-                else:
+                if ledger.fits(need, alone) and not self._stop.is_set() and not self._draining:
                     ledger.start(slot.index, need, alone)
+                    break
+                self._running -= 1
+                if self._draining:
+                    handed_back.append(entry)
+                    self._forget(entry)
+                elif entry.deadline < time.monotonic():
+                    gone.append(entry)
+                    self._forget(entry)
+                else:  # stopping, or another GPU can take it
+                    self.queue.push(entry, force=True)
+                entry = None
+                self._cv.notify_all()
+                break  # answer what was dropped; the slot loop asks again
             self.metrics.set_queue(self.queue.depth_by_priority())
-        for e in expired:
+        for e in gone:
             self.metrics.rejected_job("expired")
             self._answer_error(e, Error(code="gone", message="the job's deadline passed while it was queued; "
                                         "not run", request_id=e.payload.job.job_id))
+        for e in handed_back:
+            self.metrics.rejected_job("draining")
+            self._answer_error(e, Error(code="busy", message="node is draining", retry_after_s=5.0,
+                                        request_id=e.payload.job.job_id))
         return entry
+
+    def _elsewhere(self, device: str, need: int, alone: bool) -> bool:
+        """Whether a ready slot of another device is free and the job fits there now (hold the lock)."""
+        for d, led in self.ledgers.items():
+            if d != device and led.takes_now(need, alone) and any(
+                    s.device == d and s.ready and s.index not in led.reserved for s in self.slots):
+                return True
+        return False
 
     def _run(self, slot: _Slot, entry: QueuedJob) -> None:
         p: _Job = entry.payload
@@ -633,7 +675,7 @@ class SandboxNode:
             else:
                 with self._cv:
                     self.queue.push(entry, force=True)  # keeps its place: same priority, deadline and sequence
-                    self._cv.notify()
+                    self._cv.notify_all()
             return
         dt = time.monotonic() - t0
         self._service_s = dt if self._service_s == 0 else 0.8 * self._service_s + 0.2 * dt
@@ -652,21 +694,26 @@ class SandboxNode:
         peak = int(res.get("device_peak_bytes", 0) or 0)
         with self._mu:
             grew = self.footprints.record(p.footprint_key, peak)
+            need = self._need_bytes(p)
             shared = slot.index in self.ledgers[slot.device].shared
         if grew and self.cfg.memory_admission:
             log.info("sandbox node: task %s: trusted device peak %.2f GiB; its jobs reserve %.2f GiB", p.task.id,
-                     peak / 2**30, self._need_bytes(p) / 2**30)
-        if self.cfg.memory_admission and shared and not p.exclusive and out_of_memory(res):
+                     peak / 2**30, need / 2**30)
+        # one budget for both kinds of re-run: at most 1 + max(1, internal_error_retries) evaluations of a job
+        if (self.cfg.memory_admission and shared and slot.device != "cpu" and not p.exclusive
+                and entry.retries < max(1, self.cfg.internal_error_retries)
+                and out_of_memory(res, self.cfg.oom_free_fraction)):
             p.exclusive = True
+            entry.retries += 1
             self.metrics.rejected_job("oom_rerun")
             why = str(res.get("message", ""))[:300]
             log.warning("sandbox node: job %s ran out of device memory beside other jobs (%s); evaluating it again "
                         "alone", job.job_id, why)
-            p.notes.append(f"{res.get('status')} on a device shared with other jobs, out of memory ({why}); "
-                           "evaluated again alone")
+            p.notes.append(f"{res.get('status')} on a device shared with other jobs, out of memory ({why}; "
+                           f"{res.get('device_free_fraction', -1):.0%} of the device free); evaluated again alone")
             with self._cv:
                 self.queue.push(entry, force=True)
-                self._cv.notify()
+                self._cv.notify_all()
             return
         if res.get("status") == Status.INTERNAL_ERROR.value and entry.retries < self.cfg.internal_error_retries:
             entry.retries += 1
@@ -676,7 +723,7 @@ class SandboxNode:
             p.notes.append(f"internal_error on the first try ({str(res.get('message', ''))[:300]}); evaluated again")
             with self._cv:
                 self.queue.push(entry, force=True)
-                self._cv.notify()
+                self._cv.notify_all()
             return
         self._finish(entry, res, stage)
 

@@ -7,14 +7,19 @@ session 22), and a candidate that fails that way would be answered `runtime_erro
 neighbours' memory: a wrong reward.
 
 Two parts:
-- Reservation (`DeviceLedger`): a job reserves `bytes_factor` x the trusted worker's measured device peak for its
-  task (`EvalResult.device_peak_bytes`, learned per task by `TaskFootprints`; 0 while a task is unmeasured) and
-  starts only when the reservations of the jobs running on its device leave room for it within the device's
-  capacity. A job that does not fit is held at the head by its slot; the device's other slots take no new job
-  meanwhile (no starvation of large jobs).
-- Safety net (`out_of_memory`): a job whose result reports a device out-of-memory error while another job shared
-  its device is evaluated again alone (an exclusive reservation), once. The candidate cannot turn this into more
-  than one extra evaluation: the second result is final, whatever it says.
+- Reservation (`DeviceLedger`): a job reserves `job_memory_factor` x the trusted worker's measured device peak for
+  its task (`EvalResult.device_peak_bytes`, learned per task by `TaskFootprints`; 0 while a task is unmeasured)
+  and starts only when the reservations of the jobs running on its GPU leave room for it. A job that fits on no
+  GPU with a free slot is held by the slot that took it; that GPU's other slots take no new job meanwhile (no
+  starvation of large jobs), and the job is put back in the queue as soon as another GPU with a free slot has
+  room, its deadline passes or the node drains.
+- Safety net (`out_of_memory`): a job on a shared GPU whose result reports a device out-of-memory error before
+  the profile, with trusted evidence that the GPU's memory was nearly exhausted (`EvalResult.device_free_fraction`,
+  read by the trusted worker right after the failure, below `ServiceConfig.oom_free_fraction`), is evaluated again
+  alone. The message text is the candidate's to write, so it alone decides nothing; the free share is not. The
+  re-run shares one budget with internal_error retries: a job is evaluated at most 1 + max(1,
+  internal_error_retries) times, and its last answer is final. The profile is excluded so that a candidate cannot
+  draw its timing twice.
 """
 
 from __future__ import annotations
@@ -27,14 +32,19 @@ import re
 from typing import Any
 
 _OOM = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", re.IGNORECASE)
-_OOM_STATUSES = ("runtime_error", "internal_error", "timeout")
+_OOM_STATUSES = ("runtime_error", "internal_error", "timeout", "load_error")
 
 
-def out_of_memory(result: dict[str, Any]) -> bool:
-    """Whether an evaluation result (EvalResult.to_dict()) failed on a device out-of-memory error: a failing status
-    (runtime_error, internal_error, timeout) whose message or log names one (torch's "CUDA out of memory", the
-    driver's CUDA_ERROR_OUT_OF_MEMORY, the runtime's cudaErrorMemoryAllocation)."""
+def out_of_memory(result: dict[str, Any], free_fraction_max: float) -> bool:
+    """Whether an evaluation result (EvalResult.to_dict()) failed for lack of device memory: a failing status
+    (runtime_error, internal_error, timeout, load_error) whose message or log names a device out-of-memory error
+    (torch's "CUDA out of memory", the driver's CUDA_ERROR_OUT_OF_MEMORY, the runtime's cudaErrorMemoryAllocation),
+    and the trusted worker's reading of the device's free memory right after the failure (device_free_fraction,
+    0..1; -1 = not read: the CPU backend, the profile) below `free_fraction_max`."""
     if result.get("status") not in _OOM_STATUSES:
+        return False
+    free = result.get("device_free_fraction", -1.0)
+    if not isinstance(free, (int, float)) or not 0 <= free < free_fraction_max:
         return False
     texts = [str(result.get("message", ""))] + [str(x) for x in result.get("log", [])[-8:]]
     return any(_OOM.search(t) for t in texts)
@@ -88,6 +98,7 @@ class DeviceLedger:
     reserved: slot index -> bytes reserved by the job that slot runs (0 for an unmeasured task).
     exclusive: slot indices whose job runs alone.
     holder: the slot holding a job that waits for room (the device's other slots take no new job meanwhile).
+    slots: the node's slots on this device.
     shared: slot indices whose running job has had another job beside it on this device at some point.
     """
 
@@ -96,6 +107,11 @@ class DeviceLedger:
     exclusive: set[int] = dataclasses.field(default_factory=set)
     holder: int | None = None
     shared: set[int] = dataclasses.field(default_factory=set)
+    slots: int = 1
+
+    def takes_now(self, need_bytes: int, exclusive: bool = False) -> bool:
+        """Whether a slot of this device is free (running nothing, holding nothing) and the job fits now."""
+        return self.holder is None and len(self.reserved) < self.slots and self.fits(need_bytes, exclusive)
 
     def fits(self, need_bytes: int, exclusive: bool = False) -> bool:
         """Whether a job reserving `need_bytes` (alone when `exclusive`) may start now."""

@@ -68,6 +68,10 @@ class JobQueue:
     def pop(self) -> QueuedJob | None:
         return heapq.heappop(self._heap)[3] if self._heap else None
 
+    def peek(self) -> QueuedJob | None:
+        """The job `pop` would return, left in the queue."""
+        return self._heap[0][3] if self._heap else None
+
     def ahead_of(self, priority: int) -> int:
         """Jobs that would be served before a new job of `priority`."""
         return sum(1 for p, _, _, _ in self._heap if p <= priority)
