@@ -84,6 +84,7 @@ from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import (DEFAULT_HIDE, MALLOC_ENV, PASSED_ENV, JailSpec, candidate_expose, command_prefix,
                           set_rlimits, toolkit_dirs, trusted_roots)
 from sandbox.result import Status, TimingStats, TrialResult, Violation
+from sandbox.service_admission import OOM_PATTERN
 from sandbox.service_lock import DeviceTimingLock, SharedUse
 from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_settled
 from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate
@@ -1034,6 +1035,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
     if job.get("jail_uid") is not None:
         jail = candidate_jail(job["workspace"], job["model_py"], cfg, device, job.get("writable", []), job["jail_uid"])
     cand: CandidateProcess | None = None
+    in_profile = read_free = False
     pf: Prefetch | None = None
     spill: wire.SpillDir | None = None
     # the build's manifest is read now, before any candidate code exists (the workspace is the candidate's)
@@ -1178,6 +1180,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         # is held meanwhile, so none of this job's GPU work runs while the lock is not held
         pf.pause()
         span.close()
+        in_profile = True
         with gpu.timed():
             pf.resume()
             timing = _profile(cand, state, plan, pf, inputs_dev[0], cfg, cuda, device, atol, rtol, out, io, fmt,
@@ -1188,11 +1191,10 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         return out
     except StageFailure as f:
         out.update(status=f.status.value, message=f.message)
-        if cuda and not f.message.startswith("profile"):
-            # trusted evidence for the node's out-of-memory re-run (sandbox.service_admission), read while the
-            # candidate and the GPU's other jobs still hold their memory; never for the profile (a re-run there
-            # would give the candidate a second draw of its timing)
-            out["device_free_fraction"] = _device_free_fraction()
+        # trusted evidence for the node's out-of-memory re-run (sandbox.service_admission), read in `finally` once
+        # the candidate's processes are gone (their own memory must not count); never for the profile (a re-run
+        # there would give the candidate a second draw of its timing)
+        read_free = cuda and not in_profile and bool(OOM_PATTERN.search(f.message + str(getattr(f, "detail", ""))))
         out["violations"].extend(v.to_dict() for v in f.violations)
         if getattr(f, "detail", ""):
             out["detail"] = f.detail  # type: ignore[attr-defined]
@@ -1210,6 +1212,9 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             spares.retire(cand)  # the next job's first timed section waits for its teardown (await_teardown)
         if spill is not None:
             spill.close()
+        if read_free:
+            spares.await_teardown()
+            out["device_free_fraction"] = _device_free_fraction()
 
 
 def _device_free_fraction() -> float:
@@ -1963,6 +1968,9 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
         except Exception as e:  # noqa: BLE001 - the worker keeps serving
             res = {"status": Status.INTERNAL_ERROR.value, "message": f"trusted worker: {type(e).__name__}: {e}",
                    "detail": traceback.format_exc()[-2000:]}
+            if isinstance(e, torch.cuda.OutOfMemoryError):  # trusted code out of device memory: the same evidence
+                spares.await_teardown()
+                res["device_free_fraction"] = _device_free_fraction()
         try:
             conn.send(res)
         except (OSError, ValueError):

@@ -210,9 +210,10 @@ class EvalResult:
         what it held before (reference, inputs, expected outputs, comparisons), bytes; 0 on the CPU backend or when
         it did not run. The sandbox node sizes its jobs' device-memory reservations from it
         (sandbox.service_admission).
-      device_free_fraction: after a failed stage other than the profile, the free share (0..1) of the device's
-        memory, all processes, read by the trusted worker at once; -1.0 when not read (success, the CPU backend,
-        a profile failure). The node's out-of-memory re-run requires it to be low (trusted evidence).
+      device_free_fraction: after a device out-of-memory failure outside the profile (a stage's, or trusted code's),
+        the free share (0..1) of the device's memory, all processes, read by the trusted worker once the failed
+        candidate's processes have exited; after a failed reference, read at once; -1.0 when not read (any other
+        result, the CPU backend). The node's out-of-memory re-run requires it to be low (trusted evidence).
     """
 
     status: str

@@ -102,7 +102,8 @@ class ServiceConfig:
     workers: int = 0
     """Verify/profile worker processes; 0 = one per GPU (cuda backend), half the cores, at least 1 (cpu). More
     than one per GPU shares each card's memory: the jobs then reserve device memory (`memory_admission`), and one
-    that runs out of it beside another job is evaluated again alone (sandbox.service_admission)."""
+    that runs out of it beside another job, with the trusted side's evidence, is evaluated again alone
+    (sandbox.service_admission)."""
     gpus: str = ""
     """cuda backend: comma-separated CUDA_VISIBLE_DEVICES entries to serve; "" = every visible GPU."""
     build_workers: int = -1
@@ -563,8 +564,8 @@ class SandboxNode:
         return int(self.cfg.job_memory_factor * self.footprints.get(p.footprint_key))
 
     def _take(self, slot: _Slot) -> QueuedJob | None:
-        """The next job for `slot`, once its device has room for it; None when stopping or after answering jobs
-        whose deadline passed. A job that fits on no GPU with a free slot is held here (the device's other slots
+        """The next job for `slot`, once its device has room for it; None when stopping, after answering a job
+        whose deadline passed or that a drain hands back, or after putting a held job back for another GPU. A job that fits on no GPU with a free slot is held here (the device's other slots
         take none meanwhile, so a large job is not starved by small ones) until it fits, or goes back to the queue
         when another GPU can take it, and is answered when its deadline passes or the node drains."""
         gone: list[QueuedJob] = []
@@ -584,9 +585,7 @@ class SandboxNode:
                     self.queue.pop()
                     gone.append(head)
                     self._forget(head)
-                    if not self.queue:
-                        break
-                    continue
+                    break  # answered at once; the slot loop asks again
                 need, alone = self._need_bytes(head.payload), head.payload.exclusive
                 if not ledger.fits(need, alone) and self._elsewhere(slot.device, need, alone):
                     self._cv.wait(0.5)  # a free slot of another GPU takes it

@@ -14,12 +14,13 @@ Two parts:
   starvation of large jobs), and the job is put back in the queue as soon as another GPU with a free slot has
   room, its deadline passes or the node drains.
 - Safety net (`out_of_memory`): a job on a shared GPU whose result reports a device out-of-memory error before
-  the profile, with trusted evidence that the GPU's memory was nearly exhausted (`EvalResult.device_free_fraction`,
-  read by the trusted worker right after the failure, below `ServiceConfig.oom_free_fraction`), is evaluated again
-  alone. The message text is the candidate's to write, so it alone decides nothing; the free share is not. The
-  re-run shares one budget with internal_error retries: a job is evaluated at most 1 + max(1,
-  internal_error_retries) times, and its last answer is final. The profile is excluded so that a candidate cannot
-  draw its timing twice.
+  the profile, with trusted evidence that the GPU's memory was nearly exhausted by others
+  (`EvalResult.device_free_fraction`, below `ServiceConfig.oom_free_fraction`: read by the trusted worker after the
+  failed candidate's processes have exited, so their own memory is not in it), is evaluated again alone. The
+  message text is the candidate's to write, so it alone decides nothing. The re-run shares one budget with
+  internal_error retries: after a result, a job is evaluated again at most max(1, internal_error_retries) times
+  (requeues after a lost worker are bounded apart), and its last answer is final. The profile is excluded so that a
+  candidate cannot draw its timing twice.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import json
 import re
 from typing import Any
 
-_OOM = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", re.IGNORECASE)
+#: A device out-of-memory error's text (torch's, the driver's, the runtime's); the trusted worker uses it too.
+OOM_PATTERN = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", re.IGNORECASE)
 _OOM_STATUSES = ("runtime_error", "internal_error", "timeout", "load_error")
 
 
@@ -47,7 +49,7 @@ def out_of_memory(result: dict[str, Any], free_fraction_max: float) -> bool:
     if not isinstance(free, (int, float)) or not 0 <= free < free_fraction_max:
         return False
     texts = [str(result.get("message", ""))] + [str(x) for x in result.get("log", [])[-8:]]
-    return any(_OOM.search(t) for t in texts)
+    return any(OOM_PATTERN.search(t) for t in texts)
 
 
 def task_footprint_key(task: dict[str, Any]) -> str:

@@ -49,10 +49,23 @@ def test_cubin_corpus(gpu_evaluator, task, variant):
         assert res.device_peak_bytes >= 2 * 2**20, res.device_peak_bytes
     else:
         assert res.reward == -1
-        # a stage failed before the profile: the trusted worker read the device's free memory at once (the node's
-        # out-of-memory re-run needs that reading)
-        if not res.message.startswith("profile"):
-            assert 0 <= res.device_free_fraction <= 1, res.device_free_fraction
+        # no out-of-memory error: no free-memory reading (the node's out-of-memory re-run needs one)
+        assert res.device_free_fraction == -1.0, res.device_free_fraction
+
+
+def test_out_of_memory_failure_carries_the_free_memory_read_after_the_candidate_exited(gpu_evaluator):
+    """A candidate that really runs the device out of memory (a 40 TB allocation) is answered runtime_error with
+    the trusted worker's reading of free device memory, taken once its processes have exited: alone on the GPU,
+    most of it is free, so the node would not re-run it."""
+    sol = load_solution(CORPUS / "elementwise_chain" / "cubin" / "fast")
+    src = sol["model_new.py"]
+    assert "out = torch.empty_like(x)" in src
+    files = dict(sol, **{"model_new.py": src.replace("out = torch.empty_like(x)",
+                                                     "torch.empty(10**13, device=x.device)\n        out = torch.empty_like(x)")})
+    res = gpu_evaluator.evaluate(load_task(CORPUS / "elementwise_chain"), files, "cubin")
+    print(f"\noom: {res.status} {res.message[:200]} free={res.device_free_fraction}")
+    assert res.status == "runtime_error" and "out of memory" in res.message.lower(), res.message
+    assert 0.5 < res.device_free_fraction <= 1, res.device_free_fraction
 
 
 def test_extension_format_three_tasks_built_in_parallel(tmp_path):

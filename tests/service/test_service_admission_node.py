@@ -141,6 +141,20 @@ def test_a_held_job_whose_deadline_passes_is_answered_gone(node):
     assert box.get("entry") is None and node.ledgers["g0"].reserved == {0: 8 * GiB}
 
 
+def test_an_expired_job_is_answered_at_once_even_when_the_next_one_must_wait(node):
+    _gpus(node, ("g0", "g0", "g0"))
+    node.ledgers["g0"].start(0, 8 * GiB)
+    old, old_req = _entry(node, "old", deadline_s=-1.0)
+    big, big_req = _entry(node, "big", peak_bytes=3 * GiB)  # 6 GiB: waits for slot 0's job
+    assert node._take(node.slots[1]) is None  # answered the expired job and returned
+    assert len(old_req.replies) == 1 and old_req.replies[0].code == "gone" and len(node.queue) == 1
+    t, box = _take_in_thread(node, node.slots[1])
+    assert _wait(lambda: node.ledgers["g0"].holder == 1)  # now the large one is held
+    node._stop.set()
+    t.join(3)
+    assert big_req.replies == [] and len(node.queue) == 1  # put back on stop
+
+
 def test_drain_hands_a_held_job_back(node):
     _gpus(node, ("g0", "g0", "g0"))
     node.ledgers["g0"].start(0, 8 * GiB)
