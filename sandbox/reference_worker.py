@@ -1955,8 +1955,9 @@ def worker_main(conn: Any, cfg_dict: dict) -> None:
         try:
             if op == "evaluate":
                 # the job's own peak: above what this process held before it (other tasks' cached references)
-                base = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
+                base = 0
                 if torch.cuda.is_initialized():
+                    base = torch.cuda.memory_reserved()
                     torch.cuda.reset_peak_memory_stats()
                 res = run_job(job, cache, cfg, spares)
                 if torch.cuda.is_initialized():

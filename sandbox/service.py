@@ -347,17 +347,17 @@ class SandboxNode:
                 lock = {"key": cfg.cpu_lock_key, "dir": cfg.timing_lock_dir, "timeout_s": cfg.timing_lock_timeout_s}
             w = WorkerProcess(f"w{i}", sb_dict, env, cfg.evaluators_per_worker, cfg.worker_start_timeout_s)
             self.slots.append(_Slot(i, w, lock, device))
-            self.ledgers.setdefault(device, DeviceLedger(slots=0)).slots += 1
+            self.ledgers.setdefault(device, DeviceLedger())
         for device, ledger in self.ledgers.items():
-            if cfg.memory_admission and ledger.slots > 1 and device != "cpu":
+            n_here = sum(s.device == device for s in self.slots)
+            if cfg.memory_admission and n_here > 1 and device != "cpu":
                 ledger.capacity_bytes = int(gpu_memory_bytes(device) * cfg.gpu_memory_fraction)
                 if ledger.capacity_bytes > 0:
                     log.info("sandbox node: GPU %s shared by %d workers; jobs reserve device memory within %.1f GiB",
-                             device, ledger.slots, ledger.capacity_bytes / 2**30)
+                             device, n_here, ledger.capacity_bytes / 2**30)
                 else:
                     log.warning("sandbox node: GPU %s shared by %d workers, but NVML gave no memory size: jobs are "
-                                "not limited by reservations (out-of-memory re-runs still apply)", device,
-                                ledger.slots)
+                                "not limited by reservations (out-of-memory re-runs still apply)", device, n_here)
         self.prebuilder = None  # built in start() (it probes the isolation: seconds)
         self.n_build = nb
         self.server = RpcServer(cfg.endpoint, self._handle, expect=(SandboxJob,), server_id=self.node_id,
@@ -565,9 +565,11 @@ class SandboxNode:
 
     def _take(self, slot: _Slot) -> QueuedJob | None:
         """The next job for `slot`, once its device has room for it; None when stopping, after answering a job
-        whose deadline passed or that a drain hands back, or after putting a held job back for another GPU. A job that fits on no GPU with a free slot is held here (the device's other slots
-        take none meanwhile, so a large job is not starved by small ones) until it fits, or goes back to the queue
-        when another GPU can take it, and is answered when its deadline passes or the node drains."""
+        whose deadline passed or that a drain hands back, or after putting a held job back for another GPU.
+
+        A job that fits on no GPU with a free slot is held here (the device's other slots take none meanwhile, so a
+        large job is not starved by small ones) until it fits, or goes back to the queue when another GPU can take
+        it, and is answered when its deadline passes or the node drains."""
         gone: list[QueuedJob] = []
         handed_back: list[QueuedJob] = []
         ledger = self.ledgers[slot.device]
@@ -619,15 +621,14 @@ class SandboxNode:
             self._answer_error(e, Error(code="gone", message="the job's deadline passed while it was queued; "
                                         "not run", request_id=e.payload.job.job_id))
         for e in handed_back:
-            self.metrics.rejected_job("draining")
-            self._answer_error(e, Error(code="busy", message="node is draining", retry_after_s=5.0,
-                                        request_id=e.payload.job.job_id))
+            self._hand_back(e)
         return entry
 
     def _elsewhere(self, device: str, need: int, alone: bool) -> bool:
-        """Whether a ready slot of another device is free and the job fits there now (hold the lock)."""
+        """Whether a ready slot of another device is free (running and holding nothing) and the job fits there now
+        (hold the lock)."""
         for d, led in self.ledgers.items():
-            if d != device and led.takes_now(need, alone) and any(
+            if d != device and led.holder is None and led.fits(need, alone) and any(
                     s.device == d and s.ready and s.index not in led.reserved for s in self.slots):
                 return True
         return False
@@ -764,6 +765,12 @@ class SandboxNode:
         for req, jid in waiters:
             req.reply(self._result_msg(jid, result))
 
+    def _hand_back(self, entry: QueuedJob) -> None:
+        """Answer a job the draining node will not run with Error(busy): its client resends it elsewhere."""
+        self.metrics.rejected_job("draining")
+        self._answer_error(entry, Error(code="busy", message="node is draining", retry_after_s=5.0,
+                                        request_id=entry.payload.job.job_id))
+
     def _answer_error(self, entry: QueuedJob, err: Error) -> None:
         with self._mu:
             self._forget(entry)
@@ -789,9 +796,7 @@ class SandboxNode:
         log.info("sandbox node %s: draining (%d queued job(s) handed back, %d running)", self.node_id, len(queued),
                  self._running)
         for e in queued:
-            self.metrics.rejected_job("draining")
-            self._answer_error(e, Error(code="busy", message="node is draining", retry_after_s=5.0,
-                                        request_id=e.payload.job.job_id))
+            self._hand_back(e)
         deadline = time.monotonic() + timeout_s
         with self._cv:
             while self._running > 0 and time.monotonic() < deadline:

@@ -100,7 +100,6 @@ class DeviceLedger:
     reserved: slot index -> bytes reserved by the job that slot runs (0 for an unmeasured task).
     exclusive: slot indices whose job runs alone.
     holder: the slot holding a job that waits for room (the device's other slots take no new job meanwhile).
-    slots: the node's slots on this device.
     shared: slot indices whose running job has had another job beside it on this device at some point.
     """
 
@@ -109,11 +108,6 @@ class DeviceLedger:
     exclusive: set[int] = dataclasses.field(default_factory=set)
     holder: int | None = None
     shared: set[int] = dataclasses.field(default_factory=set)
-    slots: int = 1
-
-    def takes_now(self, need_bytes: int, exclusive: bool = False) -> bool:
-        """Whether a slot of this device is free (running nothing, holding nothing) and the job fits now."""
-        return self.holder is None and len(self.reserved) < self.slots and self.fits(need_bytes, exclusive)
 
     def fits(self, need_bytes: int, exclusive: bool = False) -> bool:
         """Whether a job reserving `need_bytes` (alone when `exclusive`) may start now."""
@@ -138,13 +132,11 @@ class DeviceLedger:
         if self.holder == slot:
             self.holder = None
 
-    def finish(self, slot: int) -> bool:
-        """Release `slot`'s reservation; True when its job shared the device with another at some point."""
+    def finish(self, slot: int) -> None:
+        """Release `slot`'s reservation (and forget whether its job shared the device)."""
         self.reserved.pop(slot, None)
         self.exclusive.discard(slot)
-        was_shared = slot in self.shared
         self.shared.discard(slot)
-        return was_shared
 
 
 def gpu_memory_bytes(visible: str) -> int:

@@ -26,10 +26,13 @@ def test_ledger_admits_by_reserved_bytes_and_runs_exclusive_jobs_alone():
     led.start(1, 4 * GiB)
     assert led.shared == {0, 1}
     assert not led.fits(1)
-    assert led.finish(0) is True and led.finish(1) is True
+    led.finish(0)
+    led.finish(1)
+    assert not led.shared and not led.reserved
     assert led.fits(0, exclusive=True)
     led.start(2, 0, exclusive=True)
-    assert not led.fits(0) and led.finish(2) is False  # it ran alone
+    assert not led.fits(0) and 2 not in led.shared  # it runs alone
+    led.finish(2)
     # unknown capacity: reservations are not limited, exclusivity still is
     free = DeviceLedger()
     free.start(0, 500 * GiB)

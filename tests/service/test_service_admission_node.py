@@ -17,7 +17,7 @@ from sandbox.service import SandboxNode, ServiceConfig, _Job
 from sandbox.service_admission import DeviceLedger
 from sandbox.service_queue import QueuedJob
 
-from _svc_helpers import free_port
+from _svc_helpers import free_port, wait_until
 
 GiB = 2**30
 
@@ -67,7 +67,7 @@ def _gpus(n: SandboxNode, devices=("g0", "g0", "g1")) -> None:
     """Slots on the given GPUs, 10 GiB each may be reserved."""
     for s, d in zip(n.slots, devices):
         s.device = d
-    n.ledgers = {d: DeviceLedger(capacity_bytes=10 * GiB, slots=devices.count(d)) for d in set(devices)}
+    n.ledgers = {d: DeviceLedger(capacity_bytes=10 * GiB) for d in set(devices)}
 
 
 def _entry(n: SandboxNode, key: str = "k", deadline_s: float = 300.0, peak_bytes: int = 0) -> tuple[QueuedJob, _Req]:
@@ -89,15 +89,6 @@ def _take_in_thread(n, slot):
     return t, box
 
 
-def _wait(pred, timeout_s=5.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_a_job_too_large_for_its_slots_gpu_goes_to_another_gpus_free_slot(node):
     _gpus(node)
     node.ledgers["g0"].start(0, 8 * GiB)
@@ -117,11 +108,11 @@ def test_a_held_job_moves_when_another_gpu_frees_up(node):
     node.ledgers["g1"].start(2, 8 * GiB)
     e, _ = _entry(node, peak_bytes=int(2.5 * GiB))
     t1, box1 = _take_in_thread(node, node.slots[1])
-    assert _wait(lambda: node.ledgers["g0"].holder == 1)  # nowhere to go: held on g0
+    wait_until(lambda: node.ledgers["g0"].holder == 1, 5.0, "the job held on g0")  # nowhere to go: held on g0
     with node._cv:
         node.ledgers["g1"].finish(2)  # g1 is free now, g0 still full
         node._cv.notify_all()
-    assert _wait(lambda: len(node.queue) == 1)  # handed back to the queue, not waiting for g0
+    wait_until(lambda: len(node.queue) == 1, 5.0, "the job back in the queue")  # not waiting for g0
     assert node._take(node.slots[2]) is e
     node._stop.set()
     t1.join(3)
@@ -133,8 +124,8 @@ def test_a_held_job_whose_deadline_passes_is_answered_gone(node):
     node.ledgers["g0"].start(0, 8 * GiB)
     e, req = _entry(node, deadline_s=0.5, peak_bytes=3 * GiB)
     t, box = _take_in_thread(node, node.slots[1])
-    assert _wait(lambda: node.ledgers["g0"].holder == 1)
-    assert _wait(lambda: req.replies, 5.0)
+    wait_until(lambda: node.ledgers["g0"].holder == 1, 5.0, "the job held on g0")
+    wait_until(lambda: req.replies, 5.0, "the gone answer")
     assert req.replies[0].code == "gone" and node._running == 0 and node.ledgers["g0"].holder is None
     node._stop.set()
     t.join(3)
@@ -149,7 +140,7 @@ def test_an_expired_job_is_answered_at_once_even_when_the_next_one_must_wait(nod
     assert node._take(node.slots[1]) is None  # answered the expired job and returned
     assert len(old_req.replies) == 1 and old_req.replies[0].code == "gone" and len(node.queue) == 1
     t, box = _take_in_thread(node, node.slots[1])
-    assert _wait(lambda: node.ledgers["g0"].holder == 1)  # now the large one is held
+    wait_until(lambda: node.ledgers["g0"].holder == 1, 5.0, "the job held on g0")  # now the large one is held
     node._stop.set()
     t.join(3)
     assert big_req.replies == [] and len(node.queue) == 1  # put back on stop
@@ -162,7 +153,7 @@ def test_drain_hands_a_held_job_back(node):
         node._running += 1  # slot 0's long job
     e, req = _entry(node, peak_bytes=3 * GiB)
     t, box = _take_in_thread(node, node.slots[1])
-    assert _wait(lambda: node.ledgers["g0"].holder == 1)
+    wait_until(lambda: node.ledgers["g0"].holder == 1, 5.0, "the job held on g0")
     assert node.drain(timeout_s=1.0) is False  # slot 0's job still runs
     assert len(req.replies) == 1 and req.replies[0].code == "busy"
     node._stop.set()
