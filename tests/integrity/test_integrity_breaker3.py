@@ -13,14 +13,16 @@ from integrity_lib import cpu_config, kinds, task
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "breaker3"
 
-# name -> (corpus task, violation kind the result must carry)
+# name -> (corpus task, violation kind the result must carry; a tuple: any one of them)
 EXPECTED = {
     "disguised_forward_torch_compute": ("row_softmax", "dynamic_code"),
     "disguised_baseline_saboteur": ("row_softmax", "dynamic_code"),
     "sample_time_fixup_ewchain": ("elementwise_chain", "dynamic_code"),
     "direct_guard_via_stdlib_caller": ("row_softmax", "guard_bypass"),
     "import_via_stdlib_caller": ("row_softmax", "numpy_bridge"),
-    "native_thread_saboteur": ("elementwise_chain", "background_work"),
+    # its burners run between requests (background_work); on a loaded box they also overrun into the time and
+    # sample requests, and the per-request CPU check (parallel_work) can fire first: either refuses it
+    "native_thread_saboteur": ("elementwise_chain", ("background_work", "parallel_work")),
     "frames_monitor_off_spin": ("elementwise_chain", "introspection"),
     "frames_via_stdlib_monitor_off": ("elementwise_chain", "introspection"),
 }
@@ -49,4 +51,5 @@ def test_case_is_refused_with_its_violation(evaluator, name):
     assert "Defence" in files["model_new.py"].split('"""')[1], f"{name}: docstring names the defence"
     res = evaluator.evaluate(task(task_name), files, "cpu")
     assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
-    assert kind in kinds(res), f"{name}: {res.message} {res.violations}"
+    allowed = kind if isinstance(kind, tuple) else (kind,)
+    assert set(allowed) & set(kinds(res)), f"{name}: {res.message} {res.violations}"

@@ -2,7 +2,9 @@
 functions the kernel resolves itself. Nothing in Python is unusual.
 
 Defence: the trusted side reads the candidate process tree's CPU time (/proc) around every request; the burners
-run while it has no request to answer (the baselines being timed): violation "background_work"."""
+run while it has no request to answer (the baselines being timed): violation "background_work". On a loaded box
+the burners also overrun into the candidate's time and sample requests, and the per-request CPU check refuses it
+first: violation "parallel_work"."""
 import torch
 import torch.nn as nn
 
