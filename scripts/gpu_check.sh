@@ -26,7 +26,7 @@
 #                      --preset h200` with short budgets, TRAIN_ARGS more overrides; the run folder less its weights
 #                      comes back as h200run.tar.gz), seeds (SEEDS_BUDGET_S, default 540: the local preset over 3 seeds at
 #                      once, JAX on the GPU, sandbox on the CPU cores, larger PPO budgets; SEEDS_ARGS more overrides;
-#                      seeds.tar.gz), h200hf (TRAIN_BUDGET_S, default 540: the h200 preset from a small checkpoint
+#                      seeds.tar.gz; SEEDS_POLICIES=1 also each run's policies and tasks, policies-local-seedS.tar.gz), h200hf (TRAIN_BUDGET_S, default 540: the h200 preset from a small checkpoint
 #                      trained on a CPU machine, H200_HF; see its entry; h200hf.tar.gz)
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [BUDGET_S] [pytest args]}; budget=${2:-540}; shift; shift || true
@@ -153,7 +153,14 @@ for b in ${GPU_BENCHES:-sandbox}; do
                ${SEEDS_ARGS:-}
              tar -C /tmp/seeds -czf "$out/seeds.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
                --exclude=ckpt --exclude=spool --exclude=stages --exclude='cache-seed*' --exclude='*.safetensors' . 2>/dev/null
-             ls -la "$out/seeds.tar.gz" >> "$out/benches.txt" ;;
+             ls -la "$out/seeds.tar.gz" >> "$out/benches.txt"
+             if [ "${SEEDS_POLICIES:-0}" = "1" ]; then  # each run's policy after each stage (no per-update snapshots,
+               for run in /tmp/seeds/local-seed*; do      # about 4 MB each), for sampled evaluations elsewhere
+                 [ -d "$run/policies" ] || continue
+                 tar -C "$run" -czf "$out/policies-$(basename "$run").tar.gz" --exclude='*-u[0-9]*' policies tasks/eval.jsonl 2>/dev/null
+                 ls -la "$out/policies-$(basename "$run").tar.gz" >> "$out/benches.txt"
+               done
+             fi ;;
     none) ;;
     *) echo "unknown benchmark $b" | tee -a "$out/benches.txt" ;;
   esac
