@@ -4,6 +4,9 @@
     python benchmarks/train_bench.py runs  [--preset local] [--seeds 0,1,2] [--out runs/bench] [--parallel]
                                                                      # whole runs: wall time, eval after each stage
     python benchmarks/train_bench.py baseline-cache                  # torch.compile baseline: fresh vs cached
+    python benchmarks/train_bench.py sampled [--preset local] [--seeds 0,1,2] [--out runs/bench] [--samples 8]
+                                     [--temperature 1.0] [--stages warm_start,single_turn_ppo,rft,multi_turn_ppo]
+                                                                     # each finished run's stage policies, sampled
 
 `sft` builds the preset's model and demonstrations exactly as the stage worker does and times a few optimiser
 steps (wall and process CPU time: on a shared machine the CPU seconds say what an idle one would take).
@@ -12,6 +15,11 @@ with its own cache folder: for a host with the cores and accelerator memory for 
 wall time, each stage's duration, and the mean milestone reward / pass rate / build rate of every evaluation on
 the held-out split (and on the training probe), then the mean over seeds: the measurement the issue asks for
 ("learning is visible ... over 3 seeds").
+`sampled` evaluates the policy each stage of those runs left (`policies/<stage>`) on the run's held-out split with
+`cuda-agent eval --samples N --temperature T` (N samples per task: a pass rate over N x 24 samples instead of 24
+greedy answers), one evaluation at a time, and prints per stage and seed the sampled pass rate, mean milestone
+reward and pass@N (tasks with a correct sample), then the means over seeds and each stage's change against the
+warm start's in the same seed.
 """
 
 from __future__ import annotations
@@ -242,20 +250,97 @@ def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str], paral
     (out / f"{preset}-summary.json").write_text(json.dumps(results, indent=2))
 
 
+def _sampled_row(folder: Path) -> dict:
+    rows = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines() if line.strip()]
+    ok = [r.get("final", {}).get("status") == "ok" for r in rows]
+    tasks = {r["task_id"] for r in rows}
+    solved = {r["task_id"] for r, o in zip(rows, ok) if o}
+    return {"samples": len(rows), "passed": sum(ok), "pass_rate": sum(ok) / max(len(rows), 1),
+            "mean_reward": sum(r["reward"] for r in rows) / max(len(rows), 1),
+            "tasks": len(tasks), "tasks_solved": len(solved)}
+
+
+def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], samples: int, temperature: float,
+                  extra: list[str]) -> None:
+    """Sampled evaluations of every stage policy of the finished runs under `out` (see the module doc)."""
+    from cuda_agent.config import load_config
+    from cuda_agent.train_config import TrainConfig
+
+    results: dict[int, dict[str, dict]] = {}
+    for seed in seeds:
+        run = out / f"{preset}-seed{seed}"
+        if not (run / "config.yaml").exists():
+            print(f"seed {seed}: no run at {run}")
+            continue
+        cfg = load_config(TrainConfig, run / "config.yaml")  # the run's own actor settings, as its evaluations
+        for stage in stages:
+            policy = run / "policies" / stage
+            if not (policy / "config.json").is_file():
+                print(f"seed {seed}: no policy {policy}")
+                continue
+            folder = out / "sampled" / f"seed{seed}-{stage}-n{samples}-t{temperature:g}"
+            if not (folder / "episodes.jsonl").exists() or not (folder / "metrics.json").exists():
+                t0 = time.monotonic()
+                cmd = [sys.executable, "-m", "cuda_agent.cli", "eval", "--checkpoint", str(policy),
+                       "--tasks", str(run / "tasks" / "eval.jsonl"), "--samples", str(samples),
+                       "--temperature", str(temperature), "--max-new-tokens", "384", "--max-context-tokens", "1024",
+                       "--format", "cpu", "--sandbox-workers", "1", "--sandbox-opt", "sandbox.num_trials=3",
+                       "--sandbox-opt", "sandbox.reps=10", "--seed", str(seed), "--quiet", "--out", str(folder),
+                       f"agent.skill={cfg.actor.agent.skill}", f"model_dtype={cfg.model.dtype}",
+                       f"attention_impl={cfg.model.attention_impl}", *extra]
+                (out / "sampled").mkdir(parents=True, exist_ok=True)
+                with open(out / "sampled" / f"seed{seed}-{stage}.log", "w") as log:
+                    subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+                print(f"seed {seed} {stage}: evaluated in {time.monotonic() - t0:.0f} s")
+            results.setdefault(seed, {})[stage] = _sampled_row(folder)
+    if not results:
+        raise SystemExit(f"no finished run with policies under {out}")
+    print(f"\n{samples} samples per held-out task at temperature {temperature:g}: "
+          "sampled pass rate (passed / samples), mean milestone reward, pass@N (tasks with a correct sample)")
+    print("\n| policy | " + " | ".join(f"seed {s}" for s in results) + " | mean pass rate | mean reward | "
+          "mean pass@N | pass rate vs warm start, per seed |")
+    print("|" + " --- |" * (5 + len(results)))
+    mean = (lambda xs: sum(xs) / len(xs) if xs else float("nan"))
+    for stage in stages:
+        cells, pr, rw, pk, delta = [], [], [], [], []
+        for seed, per in results.items():
+            r = per.get(stage)
+            if r is None:
+                cells.append("-")
+                continue
+            cells.append(f"{r['pass_rate']:.1%} ({r['passed']}/{r['samples']}) / {r['mean_reward']:+.3f} / "
+                         f"{r['tasks_solved']}/{r['tasks']}")
+            pr.append(r["pass_rate"])
+            rw.append(r["mean_reward"])
+            pk.append(r["tasks_solved"] / max(r["tasks"], 1))
+            if "warm_start" in per:
+                delta.append(f"{(r['pass_rate'] - per['warm_start']['pass_rate']) * 100:+.1f}")
+        print(f"| {stage} | " + " | ".join(cells) + f" | {mean(pr):.1%} | {mean(rw):+.3f} | {mean(pk):.1%} | "
+              + ", ".join(delta) + " |")
+    (out / f"{preset}-sampled-n{samples}-t{temperature:g}.json").write_text(json.dumps(results, indent=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("sft", "runs", "baseline-cache"))
+    p.add_argument("what", choices=("sft", "runs", "baseline-cache", "sampled"))
     p.add_argument("--preset", default="local")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--parallel", action="store_true", help="`runs`: start every seed's run at once")
-    p.add_argument("overrides", nargs="*", help="key=value overrides for `runs`")
+    p.add_argument("--samples", type=int, default=8, help="`sampled`: samples per held-out task")
+    p.add_argument("--temperature", type=float, default=1.0, help="`sampled`: sampling temperature")
+    p.add_argument("--stages", default="warm_start,single_turn_ppo,rft,multi_turn_ppo",
+                   help="`sampled`: the stage policies to evaluate, in order")
+    p.add_argument("overrides", nargs="*", help="key=value overrides for `runs` (actor overrides for `sampled`)")
     a = p.parse_intermixed_args()
     if a.what == "sft":
         bench_sft(a.preset, a.steps)
     elif a.what == "baseline-cache":
         bench_baseline_cache()
+    elif a.what == "sampled":
+        bench_sampled(a.preset, [int(x) for x in a.seeds.split(",")], Path(a.out), a.stages.split(","), a.samples,
+                      a.temperature, a.overrides)
     else:
         bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides, a.parallel)
 
