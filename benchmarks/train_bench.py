@@ -251,13 +251,10 @@ def bench_runs(preset: str, seeds: list[int], out: Path, extra: list[str], paral
 
 
 def _sampled_row(folder: Path) -> dict:
-    rows = [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines() if line.strip()]
-    ok = [r.get("final", {}).get("status") == "ok" for r in rows]
-    tasks = {r["task_id"] for r in rows}
-    solved = {r["task_id"] for r, o in zip(rows, ok) if o}
-    return {"samples": len(rows), "passed": sum(ok), "pass_rate": sum(ok) / max(len(rows), 1),
-            "mean_reward": sum(r["reward"] for r in rows) / max(len(rows), 1),
-            "tasks": len(tasks), "tasks_solved": len(solved)}
+    """The overall KernelBench figures `cuda-agent eval` wrote (cuda_agent.kb_metrics) for one sampled evaluation."""
+    m = json.loads((folder / "metrics.json").read_text())["metrics"]["overall"]
+    return {"samples": m["samples"], "passed": round(m["pass_rate"] * m["samples"]), "pass_rate": m["pass_rate"],
+            "mean_reward": m["mean_reward"], "tasks": m["tasks"], "tasks_solved": round(m["pass_at_n"] * m["tasks"])}
 
 
 def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], samples: int, temperature: float,
@@ -272,22 +269,29 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
         if not (run / "config.yaml").exists():
             print(f"seed {seed}: no run at {run}")
             continue
-        cfg = load_config(TrainConfig, run / "config.yaml")  # the run's own actor settings, as its evaluations
+        cfg = load_config(TrainConfig, run / "config.yaml")
+        fmt = json.loads((run / "state.json").read_text())["format"]
         for stage in stages:
             policy = run / "policies" / stage
             if not (policy / "config.json").is_file():
                 print(f"seed {seed}: no policy {policy}")
                 continue
             folder = out / "sampled" / f"seed{seed}-{stage}-n{samples}-t{temperature:g}"
-            if not (folder / "episodes.jsonl").exists() or not (folder / "metrics.json").exists():
+            if not (folder / "metrics.json").exists():
                 t0 = time.monotonic()
+                # the run's own evaluation settings (as cuda_agent.train's evaluations), but N samples at T, and
+                # a local node with the run's verification and timing settings
+                e, sb = cfg.eval, cfg.node.sandbox
                 cmd = [sys.executable, "-m", "cuda_agent.cli", "eval", "--checkpoint", str(policy),
                        "--tasks", str(run / "tasks" / "eval.jsonl"), "--samples", str(samples),
-                       "--temperature", str(temperature), "--max-new-tokens", "384", "--max-context-tokens", "1024",
-                       "--format", "cpu", "--sandbox-workers", "1", "--sandbox-opt", "sandbox.num_trials=3",
-                       "--sandbox-opt", "sandbox.reps=10", "--seed", str(seed), "--quiet", "--out", str(folder),
-                       f"agent.skill={cfg.actor.agent.skill}", f"model_dtype={cfg.model.dtype}",
-                       f"attention_impl={cfg.model.attention_impl}", *extra]
+                       "--temperature", str(temperature), "--max-turns", str(e.max_turns),
+                       "--max-new-tokens", str(e.max_new_tokens_per_turn),
+                       "--max-context-tokens", str(e.max_context_tokens), "--format", fmt, "--sandbox-workers", "1",
+                       "--sandbox-opt", f"sandbox.num_trials={sb.num_trials}", "--sandbox-opt", f"sandbox.reps={sb.reps}",
+                       "--seed", str(seed), "--quiet", "--out", str(folder), f"agent.skill={cfg.actor.agent.skill}",
+                       f"model_dtype={cfg.model.dtype}", f"attention_impl={cfg.model.attention_impl}", *extra]
+                if e.mode == "multi_turn":
+                    cmd.append("--multi-turn")
                 (out / "sampled").mkdir(parents=True, exist_ok=True)
                 with open(out / "sampled" / f"seed{seed}-{stage}.log", "w") as log:
                     subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)

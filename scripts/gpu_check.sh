@@ -154,8 +154,8 @@ for b in ${GPU_BENCHES:-sandbox}; do
              tar -C /tmp/seeds -czf "$out/seeds.tar.gz" --exclude=policies --exclude=model --exclude=checkpoints \
                --exclude=ckpt --exclude=spool --exclude=stages --exclude='cache-seed*' --exclude='*.safetensors' . 2>/dev/null
              ls -la "$out/seeds.tar.gz" >> "$out/benches.txt"
-             if [ "${SEEDS_POLICIES:-0}" = "1" ]; then  # each run's policy after each stage (no per-update snapshots,
-               for run in /tmp/seeds/local-seed*; do      # about 4 MB each), for sampled evaluations elsewhere
+             if [ "${SEEDS_POLICIES:-0}" = "1" ]; then  # each run's policy after each stage (no per-update snapshots;
+               for run in /tmp/seeds/local-seed*; do      # 2.8-5.3 MB each on the CPU box), for sampled evaluations elsewhere
                  [ -d "$run/policies" ] || continue
                  tar -C "$run" -czf "$out/policies-$(basename "$run").tar.gz" --exclude='*-u[0-9]*' policies tasks/eval.jsonl 2>/dev/null
                  ls -la "$out/policies-$(basename "$run").tar.gz" >> "$out/benches.txt"
