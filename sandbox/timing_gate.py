@@ -24,9 +24,14 @@ code can reach): the memory calls it needs (cuMemAlloc, cuMemsetD32, cuMemHostAl
 through the launcher's handle without the monitor's symbol lookup rule seeing them.
 
 What the gate does not hold: the copy engines. A copy on another stream (device to host into pinned memory, and
-device to device where the driver uses a copy engine for it) runs while the host enqueues, off the clock; a
-solution can so read its inputs into L2 after the flush (open: the red-team review of the gate proposes an L2
-flush inside the gate after its release, behind a grid barrier of its co-resident blocks).
+device to device where the driver uses a copy engine for it) runs while the host enqueues, off the clock. A
+solution could so read its inputs into L2 after the flush, and its kernels would then read them from L2 on the
+clock. So the gate flushes L2 itself, after its release (`close(stream, flush_ptr, flush_bytes)`, the Timer's L2
+flush buffer): its blocks, which still fill every SM, write zeros over the buffer before they exit. Whatever a copy
+engine brought into L2 while the gate held the stream is evicted before the start event, and no kernel of another
+stream runs beside the flush. What a copy still does while held is move bytes: it computes nothing (a strided
+copy can gather, which stays open), and a copy that runs on past the flush runs beside the timed call, on its
+clock. The flush's time is part of the gate's latency (sandbox.timing.Timer._gate_latency), not of the call.
 
 The gate kernel is built from GATE_SOURCE with the sandbox's nvcc for the device's architecture (trusted side,
 `gate_cubin`, cached by content hash) and loaded in each process that times (`Gate`), before any solution code
@@ -51,9 +56,12 @@ GATE_SOURCE = r"""
 // block's first thread waits for `release` to equal `want`. The other threads wait at the barrier: the gate's blocks
 // fill every SM's thread slots, so no kernel of any stream runs while the gate is held. Equality, not order: a value
 // written ahead into `release` or `flag` by anything but this launch's host (a solution's kernel) never matches.
+// After the release, the blocks zero `flush` (flush_vecs 16-byte words; none when 0) before they exit: an L2 flush
+// by blocks that still fill every SM, after anything a copy engine read into L2 while the gate held the stream.
 extern "C" __global__ void cuda_agent_timing_gate(const volatile unsigned int* flag, unsigned int want,
                                                   unsigned long long timeout_ns, volatile unsigned int* expired,
-                                                  volatile unsigned int* release) {
+                                                  volatile unsigned int* release, uint4* flush,
+                                                  unsigned long long flush_vecs) {
     if (threadIdx.x == 0) {
         unsigned long long t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -78,9 +86,16 @@ extern "C" __global__ void cuda_agent_timing_gate(const volatile unsigned int* f
         }
     }
     __syncthreads();
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < flush_vecs; i += stride)
+        flush[i] = zero;
 }
 """
 GATE_KERNEL = "cuda_agent_timing_gate"
+# at most 32 registers a thread, so that 2 blocks of 1024 threads fit an SM (its 65,536 registers): the gate must
+# fill every SM's thread slots (Gate checks the occupancy and refuses a gate that cannot)
+GATE_NVCC_FLAGS = ("-O3", "-maxrregcount=32")
 
 _CU_MEMHOSTALLOC_PORTABLE = 0x01
 _CU_MEMHOSTALLOC_DEVICEMAP = 0x02
@@ -97,7 +112,7 @@ def gate_cubin(nvcc: str, arch: str, cache_dir: str) -> bytes | None:
     out: bytes | None = None
     try:
         ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        h = hashlib.sha256(f"{GATE_SOURCE}\0{arch}\0{ver}".encode()).hexdigest()[:24]
+        h = hashlib.sha256(f"{GATE_SOURCE}\0{arch}\0{ver}\0{' '.join(GATE_NVCC_FLAGS)}".encode()).hexdigest()[:24]
         path = Path(cache_dir) / "timing_gate" / f"{h}.cubin"
         if path.is_file():
             out = path.read_bytes()
@@ -106,7 +121,7 @@ def gate_cubin(nvcc: str, arch: str, cache_dir: str) -> bytes | None:
             with tempfile.TemporaryDirectory(prefix="gate-") as d:
                 src = Path(d) / "gate.cu"
                 src.write_text(GATE_SOURCE)
-                r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(Path(d) / "gate.cubin"),
+                r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *GATE_NVCC_FLAGS, "-o", str(Path(d) / "gate.cubin"),
                                     str(src)], capture_output=True, text=True, timeout=120)
                 if r.returncode == 0:
                     out = (Path(d) / "gate.cubin").read_bytes()
@@ -122,7 +137,8 @@ def gate_cubin(nvcc: str, arch: str, cache_dir: str) -> bytes | None:
 class Gate:
     """The gate, loaded in this process's CUDA context of device `device_index` (torch's primary context).
 
-    close(stream): launch the gate on `stream` (a CUstream handle of that device, e.g. torch's `cuda_stream`);
+    close(stream, flush_ptr, flush_bytes): launch the gate on `stream` (a CUstream handle of that device, e.g.
+    torch's `cuda_stream`), flushing L2 through the buffer after its release;
     open(): release it; expired(): whether the last gate gave up by itself before open(). timeout_ms: how long a
     gate waits at most. `device`: the device index. The thread's current context is left as it was.
     Raises runtime.KernelLaunchError when the driver refuses the module, the memory or a launch, or when the gate's
@@ -212,8 +228,11 @@ class Gate:
         self._a_timeout = ctypes.c_uint64(int(max(timeout_ms, 0.001) * 1e6))
         self._a_expired = ctypes.c_uint64(dev.value + 4)
         self._a_release = ctypes.c_uint64(rel.value)
-        vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired, self._a_release]
-        self._params = (ctypes.c_void_p * 5)(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        self._a_flush = ctypes.c_uint64(0)
+        self._a_flush_vecs = ctypes.c_uint64(0)
+        vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired, self._a_release, self._a_flush,
+                self._a_flush_vecs]
+        self._params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
         self._drv, self._lib, self._fn, self._mod = drv, lib, fn, mod
         self.device = int(device_index)
         self.timeout_ms = float(timeout_ms)
@@ -225,10 +244,14 @@ class Gate:
             if w != self._want and w != self._flag.value and w != self._expired.value:
                 return w
 
-    def close(self, stream: int) -> None:
-        """Launch the gate on `stream`: work queued on it after this waits until open() (or the timeout)."""
+    def close(self, stream: int, flush_ptr: int = 0, flush_bytes: int = 0) -> None:
+        """Launch the gate on `stream`: work queued on it after this waits until open() (or the timeout). flush_ptr,
+        flush_bytes: a device buffer of this device (16-byte aligned) that the gate zeroes after its release, in
+        whole 16-byte words (an L2 flush after the hold; 0: none)."""
         self._want = self._next_want()
         self._a_want.value = self._want
+        self._a_flush.value = int(flush_ptr) if flush_bytes > 0 else 0
+        self._a_flush_vecs.value = max(int(flush_bytes), 0) // 16 if flush_ptr else 0
         self._drv.check(self._launch(self._fn, self.blocks, 1, 1, self.threads, 1, 1, 0, stream, self._params, None),
                         "launch of the timing gate")
 
