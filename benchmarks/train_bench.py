@@ -261,6 +261,7 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
                   extra: list[str]) -> None:
     """Sampled evaluations of every stage policy of the finished runs under `out` (see the module doc)."""
     from cuda_agent.config import load_config
+    from cuda_agent.services import eval_args
     from cuda_agent.train_config import TrainConfig
 
     results: dict[int, dict[str, dict]] = {}
@@ -281,17 +282,12 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
                 t0 = time.monotonic()
                 # the run's own evaluation settings (as cuda_agent.train's evaluations), but N samples at T, and
                 # a local node with the run's verification and timing settings
-                e, sb = cfg.eval, cfg.node.sandbox
-                cmd = [sys.executable, "-m", "cuda_agent.cli", "eval", "--checkpoint", str(policy),
-                       "--tasks", str(run / "tasks" / "eval.jsonl"), "--samples", str(samples),
-                       "--temperature", str(temperature), "--max-turns", str(e.max_turns),
-                       "--max-new-tokens", str(e.max_new_tokens_per_turn),
-                       "--max-context-tokens", str(e.max_context_tokens), "--format", fmt, "--sandbox-workers", "1",
-                       "--sandbox-opt", f"sandbox.num_trials={sb.num_trials}", "--sandbox-opt", f"sandbox.reps={sb.reps}",
-                       "--seed", str(seed), "--quiet", "--out", str(folder), f"agent.skill={cfg.actor.agent.skill}",
-                       f"model_dtype={cfg.model.dtype}", f"attention_impl={cfg.model.attention_impl}", *extra]
-                if e.mode == "multi_turn":
-                    cmd.append("--multi-turn")
+                sb = cfg.node.sandbox
+                cmd = [sys.executable, "-m", "cuda_agent.cli", "eval",
+                       *eval_args(cfg, policy, run / "tasks" / "eval.jsonl", folder, fmt, samples=samples,
+                                  temperature=temperature),
+                       "--sandbox-workers", "1", "--sandbox-opt", f"sandbox.num_trials={sb.num_trials}",
+                       "--sandbox-opt", f"sandbox.reps={sb.reps}", *extra]
                 (out / "sampled").mkdir(parents=True, exist_ok=True)
                 with open(out / "sampled" / f"seed{seed}-{stage}.log", "w") as log:
                     subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)

@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from cuda_agent.supervisor import ProcessSpec
 
@@ -76,6 +76,26 @@ def sandbox_node_spec(name: str, config_yaml: Path, endpoint: str, ready_file: P
     return ProcessSpec(name=name, argv=argv, env=sandbox_env(cache_dir), cwd=str(REPO_ROOT), restart=restart,
                        max_restarts=max_restarts,
                        restart_on_exit_0=restart, stop_timeout_s=stop_timeout_s, ready_file=str(ready_file))
+
+
+def eval_args(cfg: Any, policy: str | Path, tasks: str | Path, out: str | Path, fmt: str, *,
+              samples: int | None = None, temperature: float | None = None) -> list[str]:
+    """`cuda-agent eval` arguments that evaluate `policy` on the tasks file `tasks` as the run of config `cfg`
+    (cuda_agent.train_config.TrainConfig) evaluates: its evaluation settings (cfg.eval: turns, mode, token budgets),
+    solution format `fmt`, seed, agent skill and the sampler's dtype and attention; `samples` and `temperature`
+    replace cfg.eval's. Results go to the folder `out`. The caller adds where the sandbox is (`--sandbox` or
+    `--sandbox-workers`) and anything else (`--tag`, `--concurrency`)."""
+    e = cfg.eval
+    args = ["--checkpoint", str(policy), "--tasks", str(tasks),
+            "--samples", str(e.samples_per_task if samples is None else samples),
+            "--temperature", str(e.temperature if temperature is None else temperature),
+            "--max-turns", str(e.max_turns), "--max-new-tokens", str(e.max_new_tokens_per_turn),
+            "--max-context-tokens", str(e.max_context_tokens), "--format", fmt, "--out", str(out),
+            "--seed", str(cfg.seed), "--quiet", f"agent.skill={cfg.actor.agent.skill}",
+            f"model_dtype={cfg.model.dtype}", f"attention_impl={cfg.model.attention_impl}"]
+    if e.mode == "multi_turn":
+        args.append("--multi-turn")
+    return args
 
 
 def eval_spec(name: str, args: Sequence[str], cpu_threads: int | None = None,

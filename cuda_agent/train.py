@@ -494,7 +494,7 @@ class TrainDriver:
 
     def _eval_start(self, tag: str, policy: str, split: str = "eval", updates: int | None = None) -> dict | None:
         """Start an evaluation child (None when this tag was already evaluated: resume)."""
-        from cuda_agent.services import eval_spec
+        from cuda_agent.services import eval_args, eval_spec
 
         cfg = self.cfg
         full_tag = tag if split == "eval" else f"{tag}-train"
@@ -504,15 +504,8 @@ class TrainDriver:
         tasks = self.run_dir / "tasks" / ("eval.jsonl" if split == "eval" else "train_probe.jsonl")
         out = self.run_dir / "eval_runs" / full_tag
         shutil.rmtree(out, ignore_errors=True)
-        args = ["--checkpoint", str(policy), "--tasks", str(tasks), "--samples", str(e.samples_per_task),
-                "--max-turns", str(e.max_turns), "--temperature", str(e.temperature),
-                "--max-new-tokens", str(e.max_new_tokens_per_turn), "--max-context-tokens", str(e.max_context_tokens),
-                "--concurrency", str(max(1, min(cfg.actor.concurrent_episodes, 32))), "--format", self.fmt,
-                "--sandbox", self.sandbox_endpoint, "--out", str(out), "--seed", str(cfg.seed), "--quiet",
-                "--tag", full_tag, f"agent.skill={cfg.actor.agent.skill}",
-                f"model_dtype={cfg.model.dtype}", f"attention_impl={cfg.model.attention_impl}"]
-        if e.mode == "multi_turn":
-            args.append("--multi-turn")
+        args = [*eval_args(cfg, policy, tasks, out, self.fmt), "--sandbox", self.sandbox_endpoint, "--tag", full_tag,
+                "--concurrency", str(max(1, min(cfg.actor.concurrent_episodes, 32)))]
         name = f"eval-{full_tag}"
         n_tasks = sum(1 for _ in open(tasks))
         bar = self._bar(f"eval {full_tag}"[:16], n_tasks * e.samples_per_task)

@@ -83,8 +83,7 @@ from sandbox import wire
 from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import (DEFAULT_HIDE, MALLOC_ENV, PASSED_ENV, JailSpec, candidate_expose, command_prefix,
                           set_rlimits, toolkit_dirs, trusted_roots)
-from sandbox.result import Status, TimingStats, TrialResult, Violation
-from sandbox.service_admission import OOM_PATTERN
+from sandbox.result import OOM_PATTERN, Status, TimingStats, TrialResult, Violation
 from sandbox.service_lock import DeviceTimingLock, SharedUse
 from sandbox.stats import bootstrap_speedup, distribution, milestone, milestone_settled
 from sandbox.timing import Timer, agrees_with_estimate, charge_shortfall, l2_flush_buffer, trusted_estimate

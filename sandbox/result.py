@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Any
+
+#: A device out-of-memory error's text (torch's, the driver's, the runtime's): the trusted worker reads the device's
+#: free memory after such a failure (EvalResult.device_free_fraction), and the node's admission re-runs it alone
+#: (sandbox.service_admission.out_of_memory).
+OOM_PATTERN = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", re.IGNORECASE)
 
 
 class Status(str, enum.Enum):

@@ -29,11 +29,10 @@ import collections
 import dataclasses
 import hashlib
 import json
-import re
 from typing import Any
 
-#: A device out-of-memory error's text (torch's, the driver's, the runtime's); the trusted worker uses it too.
-OOM_PATTERN = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", re.IGNORECASE)
+from sandbox.result import OOM_PATTERN
+
 _OOM_STATUSES = ("runtime_error", "internal_error", "timeout", "load_error")
 
 

@@ -150,3 +150,27 @@ def test_eval_refuses_bad_settings_before_starting_anything(tmp_path, args, name
     assert not out.exists()  # no node started, no run folder made
     r = CliRunner().invoke(app, ["eval", "--checkpoint", str(tmp_path / "absent"), "--out", str(out)])
     assert r.exit_code == 2 and "not a checkpoint folder" in text(r) and not out.exists()
+
+
+def test_eval_args_of_a_run_parse_as_the_eval_command_and_carry_its_settings(tmp_path):
+    """cuda_agent.services.eval_args (what `cuda-agent train`'s evaluations and train_bench's sampled evaluations
+    run): the eval command's own parser accepts them, with the run's evaluation settings and the overrides."""
+    import typer.main
+
+    from cuda_agent.config import load_config
+    from cuda_agent.eval import eval_cmd
+    from cuda_agent.services import eval_args
+    from cuda_agent.train_config import TrainConfig
+
+    cfg = load_config(TrainConfig, Path(__file__).resolve().parents[2] / "configs" / "local.yaml",
+                      ["eval.mode=multi_turn", "eval.max_turns=2", "seed=7"])
+    app = typer.Typer()
+    app.command("eval")(eval_cmd)  # one command: the app is that command
+    args = eval_args(cfg, tmp_path / "policy", tmp_path / "tasks.jsonl", tmp_path / "out", "cpu", samples=8,
+                     temperature=0.6)
+    p = typer.main.get_command(app).make_context("eval", [*args, "--sandbox-workers", "1"]).params
+    assert (p["samples"], p["temperature"], p["max_turns"], p["fmt"], p["seed"]) == (8, 0.6, 2, "cpu", 7)
+    assert p["multi_turn"] is True and f"agent.skill={cfg.actor.agent.skill}" in p["overrides"]
+    again = eval_args(cfg, "p", "t", "o", "cpu")  # no overrides: the run's own samples and temperature
+    assert again[again.index("--samples") + 1] == str(cfg.eval.samples_per_task)
+    assert again[again.index("--temperature") + 1] == str(cfg.eval.temperature)
