@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         store.close()
         info = {"data/trajectories": len(trajs)}
         if stage == "rft":
-            trajs = lstages.rft_select(trajs, cfg.stages.rft.reward_threshold)
+            trajs = lstages.rft_select(trajs, cfg.stages.rft.reward_threshold, cfg.stages.rft.max_task_pass_rate)
             info["data/kept"] = len(trajs)
         seqs = list(trajs)
     metrics.log(0, {**info, "data/build_s": time.monotonic() - t0})

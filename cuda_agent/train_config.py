@@ -199,6 +199,9 @@ class RFTSpec:
     enabled: bool = True
     reward_threshold: float = 0.0
     """Keep trajectories with final reward >= this (0 = correct; the paper keeps high-reward ones)."""
+    max_task_pass_rate: float = 1.0
+    """Keep them only from tasks where at most this fraction (0..1) of the stage's samples reached the threshold
+    (1 = every task; 0.75 with groups of 4 leaves out the tasks all 4 samples solved: learner.stages.rft_select)."""
     steps: int = 40
     """Optimiser steps (each `batch_rows` packed rows), at most `max_epochs` passes over the kept data."""
     batch_rows: int = 8
@@ -209,7 +212,9 @@ class RFTSpec:
     time_budget_s: float = 300.0
 
     def __post_init__(self) -> None:
-        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0, max_epochs=0)
+        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0, max_epochs=0, max_task_pass_rate=0)
+        if self.max_task_pass_rate > 1:
+            raise ValueError(f"stages.rft.max_task_pass_rate must be in [0, 1], got {self.max_task_pass_rate}")
         _positive(self, "stages.rft", "time_budget_s")
 
 

@@ -108,3 +108,24 @@ def test_learner_preset_loads_and_overrides():
         load_config(LearnerConfig, preset, ["ppo.microbatch_size=3"])
     with pytest.raises(ConfigError):
         load_config(LearnerConfig, preset, ["ppo.no_such_field=1"])
+
+
+def test_rft_select_leaves_out_tasks_every_sample_solved():
+    """max_task_pass_rate: the correct samples of tasks where at most that fraction of the samples passed; 1 keeps
+    every correct sample; a rate outside [0, 1] is refused."""
+    from protocol.trajectory import Trajectory
+
+    def traj(i: int, task: str, reward: float) -> Trajectory:
+        n = 4
+        return Trajectory(episode_id=f"e{i}", task_id=task, actor_id="a", policy_version=1,
+                          tokens=np.zeros(n, np.int32), behaviour_logprobs=np.zeros(n, np.float32),
+                          loss_mask=np.ones(n, np.uint8), turn_boundaries=np.zeros(1, np.int32), reward=reward)
+
+    rewards = {"easy": [0.0, 1.0, 0.0, 0.0], "mixed": [0.0, -1.0, -1.0, 0.0], "hard": [-1.0] * 4}
+    trajs = [traj(10 * k + j, task, r) for k, (task, rs) in enumerate(rewards.items()) for j, r in enumerate(rs)]
+    assert [t.episode_id for t in stages.rft_select(trajs, 0.0)] == ["e0", "e1", "e2", "e3", "e10", "e13"]
+    assert [t.episode_id for t in stages.rft_select(trajs, 0.0, max_task_pass_rate=0.75)] == ["e10", "e13"]
+    assert stages.rft_select(trajs, 0.0, max_task_pass_rate=0.25) == []  # "mixed" passed 2 of 4
+    assert [t.episode_id for t in stages.rft_select(trajs, 1.0, max_task_pass_rate=0.5)] == ["e1"]  # 1 of 4 >= 1
+    with pytest.raises(ValueError, match="max_task_pass_rate"):
+        stages.rft_select(trajs, 0.0, max_task_pass_rate=1.5)
