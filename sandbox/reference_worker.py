@@ -327,7 +327,8 @@ def gate_setup(cfg: SandboxConfig, device: str, fmt: str = "cubin") -> dict | No
     cubin = _GATE_CUBINS[key]
     if cubin is None:
         return None
-    return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": gate_allowance_ms(cfg, fmt)}
+    return {"cubin": cubin, "timeout_ms": cfg.timing_gate_timeout_ms, "allowance_ms": gate_allowance_ms(cfg, fmt),
+            "flush": bool(cfg.timing_gate_flush)}
 
 
 def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any, fmt: str = "cubin") -> Timer:
@@ -340,7 +341,7 @@ def trusted_timer(cfg: SandboxConfig, cuda: bool, device: str, flush: Any, fmt: 
         if key not in _GATES:
             _GATES[key] = load_gate(g["cubin"], g["timeout_ms"], device)
         gate = _GATES[key]
-    return Timer(cuda, flush, gate, gate_allowance_ms(cfg, fmt))
+    return Timer(cuda, flush, gate, gate_allowance_ms(cfg, fmt), gate_flush=bool(g and g["flush"]))
 
 
 class CandidateProcess:

@@ -34,8 +34,8 @@ What is trusted, and why:
   both events are recorded on the held stream, and a call that leaves another stream current (put back) or that
   the harness saw put work on another stream (`side_work`: kernels launched, torch ops dispatched there) counts its
   whole wall clock, as an expired one does: the gate holds the SMs, not the copy engines (a copy on another stream
-  runs while the host enqueues, off the clock), and the latency forgiven would be side-stream work. Gated, L2 is
-  flushed by the gate itself after its release (its blocks zero the flush buffer before the start event), not
+  runs while the host enqueues, off the clock), and the latency forgiven would be side-stream work. Gated with
+  SandboxConfig.timing_gate_flush, L2 is flushed by the gate itself after its release (its blocks zero the flush buffer before the start event), not
   before the call: what a copy engine read into L2 while the gate held the stream is evicted, and the flush's time
   is part of the gate's latency. The gate is used only on its own device (torch's current device); elsewhere the
   run is ungated.
@@ -118,17 +118,18 @@ class Timer:
     """Times calls with fresh arguments per call. Build it before any untrusted code runs (see module doc)."""
 
     def __init__(self, cuda: bool, flush: torch.Tensor | None = None, gate: Any = None,
-                 host_allowance_ms: float = 0.0):
+                 host_allowance_ms: float = 0.0, gate_flush: bool = False):
         """cuda: time with CUDA events (else perf_counter); flush: the L2 flush buffer (l2_flush_buffer); gate: a
         sandbox.timing_gate.Gate of this process, or None (ungated: the events include the host's time to enqueue
         the call); host_allowance_ms: gated calls only, how much of the host's time to enqueue a call is not
-        counted (see `run`)."""
+        counted (see `run`); gate_flush: gated calls have the gate flush L2 after its release instead of a flush
+        before the call (SandboxConfig.timing_gate_flush)."""
         self.cuda = cuda
         self.flush = flush
         # gated with a flush buffer: the gate flushes L2 after its release (sandbox.timing_gate), in place of the
         # flush before the call; its address and size are taken now, before any solution code
         self._gate_flush: tuple[int, ...] = ()
-        if cuda and gate is not None and flush is not None:
+        if cuda and gate is not None and flush is not None and gate_flush:
             self._gate_flush = (int(flush.data_ptr()), int(flush.numel() * flush.element_size()))
         self.gate = gate if cuda else None
         self.host_allowance_ms = float(host_allowance_ms)

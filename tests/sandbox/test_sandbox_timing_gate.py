@@ -265,8 +265,13 @@ def test_gated_calls_flush_l2_in_the_gate_after_its_release_and_ungated_ones_bef
     from sandbox.timing import Timer
 
     fake = _FakeCuda(monkeypatch, 0.0, 0.1)
+    off_gate, off_flush = _FakeGate(), _FakeFlush()
+    off = Timer(True, off_flush, off_gate, 1.0)  # SandboxConfig.timing_gate_flush off: the flush before each call
+    off._perf = fake.perf
+    assert off.run(lambda a: a, [1, 2], label="c")["gated"] == 2 and off_flush.zeroed == 2
+    assert off_gate.flushes and all(f == () for f in off_gate.flushes)
     gate, flush = _FakeGate(), _FakeFlush()
-    t = Timer(True, flush, gate, 1.0)
+    t = Timer(True, flush, gate, 1.0, gate_flush=True)
     assert gate.flushes and all(f == (0x7000, 4 << 20) for f in gate.flushes)  # the latency's own gates
     assert flush.zeroed == 3  # the plain flushes that bound the latency
     assert t.gate_latency_ms == pytest.approx(0.005)  # fake: empty calls take no time
@@ -275,7 +280,7 @@ def test_gated_calls_flush_l2_in_the_gate_after_its_release_and_ungated_ones_bef
     r = t.run(lambda a: a, [1, 2, 3], label="c")
     assert r["gated"] == 3 and gate.flushes == [(0x7000, 4 << 20)] * 3 and flush.zeroed == 3
     other, oflush = _FakeGate(device=1), _FakeFlush()
-    u = Timer(True, oflush, other, 1.0)
+    u = Timer(True, oflush, other, 1.0, gate_flush=True)
     u._perf = fake.perf
     zeroed = oflush.zeroed
     assert u.run(lambda a: a, [1, 2], label="c")["gated"] == 0 and oflush.zeroed == zeroed + 2
@@ -437,7 +442,7 @@ def test_the_gate_caches_no_driver_function_on_the_launchers_handle(tmp_path):
 def test_the_gate_zeroes_the_flush_buffer_after_its_release(tmp_path):
     """The gate's L2 flush: a buffer of ones is zero after a gated call, and the gate latency includes the flush
     (more than an empty gate's few microseconds on a 64 MiB buffer) within its cap."""
-    timer, torch = _timer(tmp_path, True)
+    timer, torch = _timer(tmp_path, True, timing_gate_flush=True)
     assert timer.gate is not None and timer._gate_flush, "the gate did not load on this GPU"
     timer.flush.fill_(1)
     torch.cuda.synchronize()
@@ -464,15 +469,18 @@ def test_copy_engine_work_of_another_stream_does_not_run_while_the_gate_is_held(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("reported", [False, True])
-def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, reported, request):
+@pytest.mark.parametrize("reported,gate_flush", [(False, True), (False, False), (True, False)])
+def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, reported, gate_flush, request):
     """A copy to pinned host memory on another stream, while the gate is held, reads the inputs into L2 again after
     the flush; a memory-bound kernel would then read them from L2 on the clock. The candidate's harness reports
     such a call (the copies are torch ops dispatched under another stream: Timer.side_work), which then counts its
     whole wall clock. Unreported (a route the harness does not see: a CUDA graph replayed on another stream, a
-    direct cuLaunchKernel through the launcher's driver handle), the gate's own L2 flush after its release evicts
-    what the copies read."""
-    timer, torch = _timer(tmp_path, True)
+    direct cuLaunchKernel through the launcher's driver handle), the gate's own L2 flush after its release
+    (SandboxConfig.timing_gate_flush) evicts what the copies read; without it, an open hole (xfail)."""
+    if not reported and not gate_flush:
+        request.applymarker(pytest.mark.xfail(strict=False, reason="open unless SandboxConfig.timing_gate_flush: copy "
+                                                                   "engines are not held by the gate"))
+    timer, torch = _timer(tmp_path, True, timing_gate_flush=gate_flush)
     side = torch.cuda.Stream()
     n = 4 << 20  # 16 MiB of float32: well inside an H200's L2
     x = torch.randn(n, device="cuda")
