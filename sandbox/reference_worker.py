@@ -1582,6 +1582,8 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
     deadline = time.monotonic() + cfg.profile_timeout_s
     with pf.quiet():  # the gate latency is measured with the input thread held (its GPU work would count in it)
         timer = trusted_timer(cfg, cuda, device, plan.flush, fmt)
+    # the gate latency _event_floor forgives per gated call: with the gate's own L2 flush, the trusted side's measure
+    floor_lat = timer.gate_latency_ms if cfg.timing_gate_flush else 0.05
     rng = secrets.SystemRandom()
 
     def left() -> float:
@@ -1751,7 +1753,7 @@ def _profile(cand: CandidateProcess, state: TaskState, plan: ProfilePlan, pf: Pr
                     ms = max(est, loop) / calls
                 elif not agrees_with_estimate(loop, wall, est, rtt):  # a gross shortfall: charged in full
                     ms = (ev + max(est - loop, 0.0)) / calls
-                elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg, fmt)):
+                elif cuda and (ev > loop + 0.1 or ev < _event_floor(loop, calls, reply, cfg, fmt, floor_lat)):
                     ms = loop / calls
                 else:
                     full_charge = False
@@ -1870,15 +1872,18 @@ def _reply_count(reply: dict, key: str) -> int:
     return v if type(v) is int and v > 0 else 0
 
 
-def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig, fmt: str = "cubin") -> float:
+def _event_floor(loop_ms: float, calls: int, reply: dict, cfg: SandboxConfig, fmt: str = "cubin",
+                 gate_latency_ms: float = 0.05) -> float:
     """The least a candidate's CUDA figure for a repetition (reply's event_ms) may claim against its own in-loop
     wall clock (loop_ms) before the wall clock is used instead. Ungated, at least half of it; gated (the calls'
-    host time is outside the events, sandbox.timing.Timer.run), half of it less the host allowance and 50 us of
-    gate latency per call: a gated figure is the largest of the GPU's and the host's parts, so at least their
-    mean."""
+    host time is outside the events, sandbox.timing.Timer.run), half of it less the host allowance and the gate
+    latency per call (gate_latency_ms, at least 50 us: with SandboxConfig.timing_gate_flush the gate's L2 flush is
+    part of it, and the caller passes the trusted side's own measurement): a gated figure is the largest of the
+    GPU's and the host's parts, so at least their mean."""
     gated = _reply_count(reply, "gated")
     if gated > 0:
-        return 0.5 * (loop_ms - gated * (gate_allowance_ms(cfg, fmt) + 0.05)) - 0.05 * calls
+        lat = max(0.05, float(gate_latency_ms))
+        return 0.5 * (loop_ms - gated * (gate_allowance_ms(cfg, fmt) + lat)) - 0.05 * calls
     return 0.5 * loop_ms - 0.05 * calls
 
 

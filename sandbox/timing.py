@@ -171,9 +171,10 @@ class Timer:
     def _gate_latency(self, n: int = 9) -> float:
         """The host's view of an empty gated call (release to synchronised, less the events' interval), upper
         quartile of n, plus 5 us: what `run` allows a gated call's host-side figure over its events. It includes
-        the gate's L2 flush after the release, when it flushes. At most 50 us (the trusted side's bound,
-        reference_worker._event_floor) plus twice the flush's own time (events around a plain flush, median of 3):
-        a latency measured beside other work would forgive side-stream work."""
+        the gate's L2 flush after the release, when it flushes. At most 50 us (reference_worker._event_floor's
+        bound when the gate does not flush) plus twice the flush's own time (events around a plain flush, median
+        of 3): a latency measured beside other work would forgive side-stream work. Open: the flush's time is
+        measured at the same moment as the latency it bounds, so other work on the GPU inflates both."""
         sync, rec, ela, gate = self._sync, self._record, self._elapsed, self.gate
         cap = 0.05
         if self._gate_flush and self.flush is not None:

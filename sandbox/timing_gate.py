@@ -29,7 +29,7 @@ solution could so read its inputs into L2 after the flush, and its kernels would
 clock. So the gate can flush L2 itself (SandboxConfig.timing_gate_flush; off until it has run on a GPU), after its release (`close(stream, flush_ptr, flush_bytes)`, the Timer's L2
 flush buffer): its blocks, which still fill every SM, write zeros over the buffer before they exit. Whatever a copy
 engine brought into L2 while the gate held the stream is evicted before the start event, and no kernel of another
-stream runs beside the flush. What a copy still does while held is move bytes: it computes nothing (a strided
+stream runs beside the flush until the gate's blocks start to exit. What a copy still does while held is move bytes: it computes nothing (a strided
 copy can gather, which stays open), and a copy that runs on past the flush runs beside the timed call, on its
 clock. The flush's time is part of the gate's latency (sandbox.timing.Timer._gate_latency), not of the call.
 

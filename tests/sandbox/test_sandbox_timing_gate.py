@@ -1,6 +1,7 @@
 """The timing gate (sandbox.timing_gate) and the gated figure of sandbox.timing: the pure parts and the kernel's
 build run here (nvcc is on CI's machine); the gate itself on a GPU (`gpu` tests)."""
 
+import ctypes
 import shutil
 import time
 
@@ -27,6 +28,9 @@ def test_event_floor_gated_and_ungated():
     assert _event_floor(10.0, 4, {}, cfg) == pytest.approx(5.0 - 0.2)
     # gated: half of the wall clock less the allowance and 50 us of latency per gated call
     assert _event_floor(10.0, 4, {"gated": 4}, cfg) == pytest.approx(0.5 * (10.0 - 4 * 0.15) - 0.2)
+    # with the gate's L2 flush, the trusted side's measured latency (never below 50 us)
+    assert _event_floor(10.0, 4, {"gated": 4}, cfg, gate_latency_ms=0.2) == pytest.approx(0.5 * (10.0 - 4 * 0.3) - 0.2)
+    assert _event_floor(10.0, 4, {"gated": 4}, cfg, gate_latency_ms=0.01) == pytest.approx(0.5 * (10.0 - 4 * 0.15) - 0.2)
     # a forged, non-numeric `gated` is read as ungated (the stricter floor)
     assert _event_floor(10.0, 4, {"gated": "4"}, cfg) == pytest.approx(5.0 - 0.2)
 
@@ -284,6 +288,18 @@ def test_gated_calls_flush_l2_in_the_gate_after_its_release_and_ungated_ones_bef
     u._perf = fake.perf
     zeroed = oflush.zeroed
     assert u.run(lambda a: a, [1, 2], label="c")["gated"] == 0 and oflush.zeroed == zeroed + 2
+    # a gate that expired twice: the rest of that label's calls run ungated, with the flush before each call again
+    egate, eflush = _FakeGate(expire=True), _FakeFlush()
+    ex = Timer(True, eflush, egate, 1.0, gate_flush=True)
+    ex._perf = fake.perf
+    zeroed = eflush.zeroed
+    r = ex.run(lambda a: a, [1, 2, 3, 4], label="c")
+    assert r["gate_expired"] == 2 and eflush.zeroed == zeroed + 2  # calls 3 and 4 ungated, flushed before
+    # the latency's cap: 50 us plus twice a plain flush's event time (the fake's events: 0.1 ms)
+    slow = _FakeCuda(monkeypatch, 0.001, 0.1)  # every sync 1 ms: an empty gated call's latency far above any cap
+    capped = Timer(True, _FakeFlush(), _FakeGate(), 1.0, gate_flush=True)
+    capped._perf = slow.perf
+    assert capped.calibrate_gate() == pytest.approx(0.05 + 2 * 0.1)
     plain_flush = _FakeFlush()
     assert Timer(True, plain_flush, None).run(lambda a: a, [1, 2])["calls"] == 2 and plain_flush.zeroed == 2
 
@@ -450,7 +466,10 @@ def test_the_gate_zeroes_the_flush_buffer_after_its_release(tmp_path):
     r = timer.run(lambda a: a * 2.0, [x] * 2, label="z")
     assert r["gated"] == 2
     assert int(timer.flush.abs().sum().item()) == 0
-    print(f"gate latency with a 64 MiB flush: {timer.gate_latency_ms * 1e3:.1f} us")
+    plain, _ = _timer(tmp_path, True)  # the same gate without its flush
+    print(f"gate latency with a 64 MiB flush: {timer.gate_latency_ms * 1e3:.1f} us, without: "
+          f"{plain.gate_latency_ms * 1e3:.1f} us")
+    assert plain.gate_latency_ms < timer.gate_latency_ms
 
 
 @pytest.mark.gpu
@@ -681,6 +700,7 @@ def test_gate_setup_on_a_fake_driver_launches_random_values_and_reads_its_words(
     lib.host[1] = g._a_want.value  # the gate wrote `expired`
     assert g.expired()
     assert len(g._params) == 7 and (g._a_flush.value, g._a_flush_vecs.value) == (0, 0)  # no flush asked for
+    assert (g._params[5], g._params[6]) == (ctypes.addressof(g._a_flush), ctypes.addressof(g._a_flush_vecs))
     g.close(0, 0x40000, 1 << 20)
     assert (g._a_flush.value, g._a_flush_vecs.value) == (0x40000, (1 << 20) // 16)
     g.close(0)  # the next launch without one flushes nothing
