@@ -17,6 +17,8 @@ value pre-training read the warm-up's trajectories after a restart too.
 
 from __future__ import annotations
 
+import collections
+
 import dataclasses
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -112,11 +114,8 @@ def rft_select(trajs: Sequence[Trajectory], reward_threshold: float,
     kept = [t for t in trajs if float(t.reward) >= reward_threshold]
     if max_task_pass_rate >= 1.0:
         return kept
-    total: dict[str, int] = {}
-    passed: dict[str, int] = {}
-    for t in trajs:
-        total[t.task_id] = total.get(t.task_id, 0) + 1
-        passed[t.task_id] = passed.get(t.task_id, 0) + (float(t.reward) >= reward_threshold)
+    total = collections.Counter(t.task_id for t in trajs)
+    passed = collections.Counter(t.task_id for t in kept)
     return [t for t in kept if passed[t.task_id] <= max_task_pass_rate * total[t.task_id]]
 
 

@@ -160,8 +160,8 @@ class Worker:
         self.funcptrs = FuncPtrState()  # after install_ctypes_guards: the function-pointer classes as it left them
         # the timer's gate after the monitor: the CUDA driver the gate loads (sandbox.runtime._Driver) hands its launch
         # call to the installed monitor (sandbox.integrity.KERNEL_EVENT), as it would if a solution loaded it first
-        # gate: reference_worker.gate_setup's record (cubin, timeout_ms, allowance_ms, flush: the trusted side's config), or
-        # None (no gate)
+        # gate: reference_worker.gate_setup's record (cubin, timeout_ms, allowance_ms, flush: the trusted side's
+        # config), or None (no gate)
         timing_gate = load_gate(gate["cubin"], float(gate["timeout_ms"]), device) if self.cuda and gate else None
         self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None, timing_gate,
                            float(gate["allowance_ms"]) if gate else 0.0, gate_flush=bool(gate and gate.get("flush")))

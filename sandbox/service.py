@@ -83,7 +83,8 @@ log = logging.getLogger("sandbox.service")
 EVAL_SETTINGS = ("build_only", "num_trials", "atol", "rtol", "poison_outputs", "check_timed_outputs", "profile", "use_compile",
                  "compile_mode", "warmup_calls", "reps", "early_stop_reps", "early_stop_level", "min_rep_ms", "max_calls_per_rep", "bootstrap_samples",
                  "ci_level", "faster_than_eager", "faster_than_compile", "top_margin", "l2_flush_bytes",
-                 "timing_gate", "timing_gate_extension", "timing_gate_flush", "cpu_threads", "build_timeout_s", "extension_build_timeout_s", "load_timeout_s", "trial_timeout_s",
+                 "timing_gate", "timing_gate_extension", "timing_gate_flush",
+                 "cpu_threads", "build_timeout_s", "extension_build_timeout_s", "load_timeout_s", "trial_timeout_s",
                  "profile_timeout_s", "reference_timeout_s")
 TIME_LIMITS = tuple(s for s in EVAL_SETTINGS if s.endswith("_timeout_s"))
 #: Settings key that only enters the content key: a caller forces a fresh measurement with a new salt (e.g. to

@@ -35,10 +35,10 @@ What is trusted, and why:
   the harness saw put work on another stream (`side_work`: kernels launched, torch ops dispatched there) counts its
   whole wall clock, as an expired one does: the gate holds the SMs, not the copy engines (a copy on another stream
   runs while the host enqueues, off the clock), and the latency forgiven would be side-stream work. Gated with
-  SandboxConfig.timing_gate_flush, L2 is flushed by the gate itself after its release (its blocks zero the flush buffer before the start event), not
-  before the call: what a copy engine read into L2 while the gate held the stream is evicted, and the flush's time
-  is part of the gate's latency. The gate is used only on its own device (torch's current device); elsewhere the
-  run is ungated.
+  SandboxConfig.timing_gate_flush, L2 is flushed by the gate itself after its release (its blocks zero the flush
+  buffer before the start event), not before the call: what a copy engine read into L2 while the gate held the
+  stream is evicted, and the flush's time is part of the gate's latency. The gate is used only on its own device
+  (torch's current device); elsewhere the run is ungated.
   The same Timer policy times eager, torch.compile and the candidate, so the three are measured alike.
 - CPU: `perf_counter` around each call; the trusted side's wall clock bounds it the same way.
 """

@@ -26,12 +26,13 @@ through the launcher's handle without the monitor's symbol lookup rule seeing th
 What the gate does not hold: the copy engines. A copy on another stream (device to host into pinned memory, and
 device to device where the driver uses a copy engine for it) runs while the host enqueues, off the clock. A
 solution could so read its inputs into L2 after the flush, and its kernels would then read them from L2 on the
-clock. So the gate can flush L2 itself (SandboxConfig.timing_gate_flush; off until it has run on a GPU), after its release (`close(stream, flush_ptr, flush_bytes)`, the Timer's L2
-flush buffer): its blocks, which still fill every SM, write zeros over the buffer before they exit. Whatever a copy
-engine brought into L2 while the gate held the stream is evicted before the start event, and no kernel of another
-stream runs beside the flush until the gate's blocks start to exit. What a copy still does while held is move bytes: it computes nothing (a strided
-copy can gather, which stays open), and a copy that runs on past the flush runs beside the timed call, on its
-clock. The flush's time is part of the gate's latency (sandbox.timing.Timer._gate_latency), not of the call.
+clock. So the gate can flush L2 itself (SandboxConfig.timing_gate_flush; off until it has run on a GPU), after its
+release (`close(stream, flush_ptr, flush_bytes)`, the Timer's L2 flush buffer): its blocks, which still fill every
+SM, write zeros over the buffer before they exit. Whatever a copy engine brought into L2 while the gate held the
+stream is evicted before the start event, and no kernel of another stream runs beside the flush until the gate's
+blocks start to exit. What a copy still does while held is move bytes: it computes nothing (a strided copy can
+gather, which stays open), and a copy that runs on past the flush runs beside the timed call, on its clock. The
+flush's time is part of the gate's latency (sandbox.timing.Timer._gate_latency), not of the call.
 
 The gate kernel is built from GATE_SOURCE with the sandbox's nvcc for the device's architecture (trusted side,
 `gate_cubin`, cached by content hash) and loaded in each process that times (`Gate`), before any solution code
@@ -121,8 +122,8 @@ def gate_cubin(nvcc: str, arch: str, cache_dir: str) -> bytes | None:
             with tempfile.TemporaryDirectory(prefix="gate-") as d:
                 src = Path(d) / "gate.cu"
                 src.write_text(GATE_SOURCE)
-                r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *GATE_NVCC_FLAGS, "-o", str(Path(d) / "gate.cubin"),
-                                    str(src)], capture_output=True, text=True, timeout=120)
+                r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *GATE_NVCC_FLAGS, "-o",
+                                    str(Path(d) / "gate.cubin"), str(src)], capture_output=True, text=True, timeout=120)
                 if r.returncode == 0:
                     out = (Path(d) / "gate.cubin").read_bytes()
                     tmp = path.with_suffix(f".{os.getpid()}.tmp")

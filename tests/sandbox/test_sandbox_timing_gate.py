@@ -30,7 +30,8 @@ def test_event_floor_gated_and_ungated():
     assert _event_floor(10.0, 4, {"gated": 4}, cfg) == pytest.approx(0.5 * (10.0 - 4 * 0.15) - 0.2)
     # with the gate's L2 flush, the trusted side's measured latency (never below 50 us)
     assert _event_floor(10.0, 4, {"gated": 4}, cfg, gate_latency_ms=0.2) == pytest.approx(0.5 * (10.0 - 4 * 0.3) - 0.2)
-    assert _event_floor(10.0, 4, {"gated": 4}, cfg, gate_latency_ms=0.01) == pytest.approx(0.5 * (10.0 - 4 * 0.15) - 0.2)
+    floor = _event_floor(10.0, 4, {"gated": 4}, cfg, gate_latency_ms=0.01)
+    assert floor == pytest.approx(0.5 * (10.0 - 4 * 0.15) - 0.2)
     # a forged, non-numeric `gated` is read as ungated (the stricter floor)
     assert _event_floor(10.0, 4, {"gated": "4"}, cfg) == pytest.approx(5.0 - 0.2)
 
