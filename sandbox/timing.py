@@ -126,11 +126,19 @@ class Timer:
         before the call (SandboxConfig.timing_gate_flush)."""
         self.cuda = cuda
         self.flush = flush
+        # the flush buffer's address and size, taken now, before any solution code: tampered() reports a buffer
+        # re-pointed or shrunk in place (`flush.set_(...)`, `resize_`: same object, a smaller flush), and its storage
+        # is kept alive so that the address the gate zeroes stays this buffer's
+        self._flush_at: tuple[int, ...] = ()
+        self._flush_keep = None
+        if flush is not None:
+            self._flush_at = (int(flush.data_ptr()), int(flush.numel() * flush.element_size()))
+            self._flush_keep = flush.untyped_storage()
         # gated with a flush buffer: the gate flushes L2 after its release (sandbox.timing_gate), in place of the
-        # flush before the call; its address and size are taken now, before any solution code
+        # flush before the call
         self._gate_flush: tuple[int, ...] = ()
         if cuda and gate is not None and flush is not None and gate_flush:
-            self._gate_flush = (int(flush.data_ptr()), int(flush.numel() * flush.element_size()))
+            self._gate_flush = self._flush_at
         self.gate = gate if cuda else None
         self.host_allowance_ms = float(host_allowance_ms)
         self.ungated: set[str] = set()  # labels whose gate expired twice: timed without it from then on
@@ -217,11 +225,15 @@ class Timer:
         return cur
 
     def tampered(self) -> list[str]:
-        """Names of the timing functions that were replaced (or whose code was swapped) since construction."""
+        """Names of the timing functions that were replaced (or whose code was swapped) since construction, and
+        "timing.Timer.flush" when the L2 flush buffer no longer has the address and size it was built with."""
         out = []
         for k, v in self._current().items():
             if v is not self._refs[k] or getattr(v, "__code__", None) is not self._codes[k]:
                 out.append(k)
+        f = self.flush
+        if self._flush_at and (f is None or (int(f.data_ptr()), int(f.numel() * f.element_size())) != self._flush_at):
+            out.append("timing.Timer.flush")
         return out
 
     def run(self, fn: Callable[[Any], Any], args_per_call: Sequence[Any], after: Callable[[Any], None] | None = None,

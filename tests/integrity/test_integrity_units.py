@@ -116,6 +116,24 @@ def test_timer_reports_a_replaced_clock_and_its_code():
     assert r["calls"] == 3 and r["loop_ms"] >= 0 and r["ms_per_call"] == pytest.approx(r["loop_ms"] / 3)
 
 
+@pytest.mark.parametrize("shrink", ["set_", "resize_", "replaced"])
+def test_timer_reports_an_l2_flush_buffer_shrunk_or_re_pointed_in_place(shrink):
+    """A solution that reaches the Timer could keep its `flush` attribute (the identity check passes) but shrink the
+    buffer behind it, so the flush before each call evicts nothing. tampered() compares the buffer's address and size
+    with those taken at construction; the original storage stays alive (the gate may zero it)."""
+    flush = torch.zeros(4096, dtype=torch.int32)
+    t = Timer(cuda=False, flush=flush)
+    assert t.tampered() == []
+    if shrink == "set_":
+        t.flush.set_(torch.zeros(4, dtype=torch.int32))
+    elif shrink == "resize_":
+        t.flush.resize_(4)
+    else:
+        t.flush = None
+    assert t.tampered() == ["timing.Timer.flush"]
+    assert t._flush_keep.nbytes() == 4096 * 4
+
+
 def test_precision_budget_tells_fp32_from_bf16_rounding():
     ref = torch.randn(4096) * 3 + 1
     fp32_other_order = (ref.double() + 1e-7 * torch.randn(4096).double()).float()

@@ -261,6 +261,9 @@ class _FakeFlush:
         self.zeroed += 1
         return self
 
+    def untyped_storage(self):
+        return self
+
 
 def test_gated_calls_flush_l2_in_the_gate_after_its_release_and_ungated_ones_before(monkeypatch):
     """With a gate, the flush buffer goes to every gate launch (it is zeroed after the release, so what a copy engine
