@@ -26,7 +26,7 @@ through the launcher's handle without the monitor's symbol lookup rule seeing th
 What the gate does not hold: the copy engines. A copy on another stream (device to host into pinned memory, and
 device to device where the driver uses a copy engine for it) runs while the host enqueues, off the clock. A
 solution could so read its inputs into L2 after the flush, and its kernels would then read them from L2 on the
-clock. So the gate can flush L2 itself (SandboxConfig.timing_gate_flush; off until it has run on a GPU), after its
+clock. So the gate can flush L2 itself (SandboxConfig.timing_gate_flush, on by default), after its
 release (`close(stream, flush_ptr, flush_bytes)`, the Timer's L2 flush buffer): its blocks, which still fill every
 SM, write zeros over the buffer before they exit. Whatever a copy engine brought into L2 while the gate held the
 stream is evicted before the start event, and no kernel of another stream runs beside the flush until the gate's

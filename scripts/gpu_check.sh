@@ -13,13 +13,13 @@
 #                      on a 2-GPU machine: the sampler and the node on GPUs of their own)
 #   LEARNER_VARIANTS   learner_bench.py --variants (default mb1:remat,mb2:remat,mb1:noremat); LEARNER_SECTIONS
 #                      its --sections (default update,publish)
-#   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off |
+#   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off | gate_flush |
 #                      calibration_16 | no_harness_slack | none) and its time estimate (220 s)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: the defaults and NOISE_COMPARE's setting), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280; FLEET_WORKERS
 #                      node workers, default one per GPU; FLEET_ARGS more arguments, e.g. "--buckets 10-100ms"),
 #                      tasks (TASKS_BUDGET_S + 30 s; TASKS_WORKERS, TASKS_N, TASKS_BUDGET_S,
-#                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin),
+#                      TASKS_COMPILE=1 for the torch.compile check: default 4, 12, 120, off), integrity (240 s: defences' cost, cubin; INTEGRITY_WITH a JSON of SandboxConfig fields for its 'with' side),
 #                      overhead (150 s: per-call host overhead, cubin), attention (90 s: cuDNN dense mask vs packed layout), stability (300 s: the same GPU-split demos
 #                      evaluated 4 times; STABILITY_TASKS), xaccel (60 s), gpusplit (2 x 150 s: the GPU split's eager times measured, the whole filter,
 #                      GPUSPLIT_WORKERS workers, default 16), h200train (TRAIN_BUDGET_S, default 480: `cuda-agent train
@@ -90,7 +90,7 @@ for b in ${GPU_BENCHES:-sandbox}; do
     overhead) run_bench overhead 150 python3 benchmarks/overhead_bench.py --format cubin --numel 65536 --iters 500 \
                --rounds 5 --repeat 2 --json "$out/overhead.json" ;;
     integrity) run_bench integrity 240 python3 benchmarks/integrity_bench.py --format cubin --evals 3 \
-               --json "$out/integrity_raw.json" ;;
+               --json "$out/integrity_raw.json" --with-config "${INTEGRITY_WITH:-{\}}" ;;
     tasks)   run_bench tasks $(( ${TASKS_BUDGET_S:-120} + 30 )) python3 benchmarks/tasks_bench.py --device cuda \
                --workers "${TASKS_WORKERS:-4}" --n "${TASKS_N:-12}" $([ "${TASKS_COMPILE:-0}" = 1 ] || echo --no-compile) \
                --budget-s "${TASKS_BUDGET_S:-120}" ;;
