@@ -534,14 +534,16 @@ def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("reported", [False, True])
-def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_stream(tmp_path, reported, request):
+@pytest.mark.parametrize("reported,gate_flush", [(False, False), (False, True), (True, True)])
+def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_stream(tmp_path, reported, gate_flush,
+                                                                                   request):
     """Work on another stream is counted by the release-to-synchronised time less the gate latency (upper quartile
-    + 5 us): unreported it can come out a few microseconds per call faster than on the held stream (open: xfail);
-    reported by the harness (Timer.side_work) the call counts its whole wall clock."""
+    + 5 us): unreported it can come out a few microseconds per call faster than on the held stream (open: xfail;
+    with the gate's L2 flush the latency, and so what is forgiven, includes the flush); reported by the harness
+    (Timer.side_work) the call counts its whole wall clock."""
     if not reported:
         request.applymarker(pytest.mark.xfail(strict=False, reason="open (red-team review): the latency forgiven"))
-    timer, torch = _timer(tmp_path, True)
+    timer, torch = _timer(tmp_path, True, timing_gate_flush=gate_flush)
     side = torch.cuda.Stream()
     x = torch.randn(1 << 22, device="cuda")
 
