@@ -232,9 +232,10 @@ def main() -> None:
     ap.add_argument("--noise-batch", type=int, default=1024)
     ap.add_argument("--noise-n", type=int, default=10, help="profiles per setting in the noise section")
     ap.add_argument("--noise-compare", default="gate_off",
-                    choices=("gate_off", "gate_flush", "calibration_16", "no_harness_slack", "none"),
+                    choices=("gate_off", "no_gate_flush", "calibration_16", "no_harness_slack", "none"),
                     help="the noise section's second setting beside the defaults: the timing gate off (CUDA only), "
-                    "the gate flushing L2 after its release (timing_gate_flush, CUDA only), "
+                    "the L2 flush before each call instead of in the gate after its release (timing_gate_flush off, "
+                    "CUDA only), "
                     "the harness calibrated at up to 16 calls per request, no timing slack proportional to the "
                     "calibrated harness cost (timing_slack_harness_rel 0 instead of the default), or none")
     ap.add_argument("--sections", default="build,e2e,noise", help="comma-separated: build (cubin + extension "
@@ -295,9 +296,9 @@ def main() -> None:
                 evs = {"default": ev}
                 if ev.backend == "cuda" and a.noise_compare == "gate_off":  # the same settings without the gate
                     evs["gate_off"] = stack.enter_context(Evaluator(dataclasses.replace(cfg, timing_gate=False)))
-                elif ev.backend == "cuda" and a.noise_compare == "gate_flush":  # L2 flushed by the gate itself
-                    evs["gate_flush"] = stack.enter_context(
-                        Evaluator(dataclasses.replace(cfg, timing_gate_flush=not cfg.timing_gate_flush)))
+                elif ev.backend == "cuda" and a.noise_compare == "no_gate_flush":  # L2 flushed before each call
+                    evs["no_gate_flush"] = stack.enter_context(
+                        Evaluator(dataclasses.replace(cfg, timing_gate_flush=False)))
                 elif a.noise_compare == "calibration_16":  # the harness calibrated at up to 16 calls, not 4
                     evs["calibration_16"] = stack.enter_context(
                         Evaluator(dataclasses.replace(cfg, calibration_calls_max=16)))

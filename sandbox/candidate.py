@@ -209,7 +209,8 @@ class Worker:
                               "guard_cls", "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison",
                               "ws", "fmt", "device", "cuda"]),
             "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs",
-                                   "gate", "host_allowance_ms", "gate_latency_ms", "ungated", "_gate_flush"]
+                                   "gate", "host_allowance_ms", "gate_latency_ms", "ungated", "_gate_flush",
+                                   "_flush_at", "_flush_keep"]
                       + (["_stream", "_set_stream"] if timing_gate is not None else [])),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
             # the persisting-L2 reset's driver calls and the buffer its limit query reads (a swapped _value reading
@@ -218,7 +219,7 @@ class Worker:
                                                                 "_value") if hasattr(self.timer._l2, a)])}
                if getattr(self.timer, "_l2", None) is not None else {}),
             **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_launch", "_a_flag",
-                                       "_a_want", "_a_timeout", "_a_expired", "_a_release", "_a_flush", "_a_flush_vecs",
+                                       "_a_want", "_a_timeout", "_a_expired", "_a_release", "_a_flush", "_a_flush_vecs", "_param_addrs",
                                        "_rand", "device", "blocks",
                                        "threads"])} if timing_gate is not None else {}),
         })

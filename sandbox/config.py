@@ -192,8 +192,10 @@ class SandboxConfig:
     """CUDA, gated: the gate flushes L2 itself after its release (its blocks zero the L2 flush buffer before the start
     event) in place of the flush before the call, so that what a copy engine read into L2 while the gate held the
     stream is evicted (sandbox.timing_gate). The gate's latency then includes the flush (0.075 ms against 0.014 ms
-    on the H200, session 26), and so does what a gated call's host-side figure forgives. False: the flush runs
-    before the call, and a copy on another stream while the gate holds can bring the inputs back into L2."""
+    on the H200, session 26), and so does what a gated call's host-side figure forgives. Ungated calls (the
+    extension format unless timing_gate_extension, a label whose gate expired twice, timing_gate off) still zero the
+    buffer before each call. False: the flush runs before every call, and a copy on another stream while the gate
+    holds can bring the inputs back into L2."""
     timing_gate_timeout_ms: float = 20.0
     """CUDA, gated: the longest a gate holds the stream; a call that synchronises while held waits this long and
     counts its whole wall clock; an implementation whose gate expired twice is timed ungated for the rest of the

@@ -20,7 +20,8 @@ What is trusted, and why:
 - In the candidate's process, device events have to be recorded in its own CUDA context, so a `Timer` is built
   there before the solution is imported: it captures the clock, the synchronisation and event functions it will
   use (the objects themselves, so a later monkeypatch of `torch.cuda.synchronize` or `time.perf_counter` does not
-  reach it), and `Timer.tampered()` reports any of them, or this module's functions, that were replaced since.
+  reach it), and `Timer.tampered()` reports any of them, or this module's functions, that were replaced since, and
+  the L2 flush buffer changed in place (its whole layout, type and instance attributes against construction's).
 - Per call on CUDA: persisting-L2 lines are reset (`cuCtxResetPersistingL2Cache`, persisting set-aside limit 0:
   an access-policy window cannot keep data in L2 across calls), L2 is flushed (a write over a buffer larger than
   L2), the device is synchronised, the start event recorded, the call runs, the whole device is synchronised (work
@@ -46,6 +47,7 @@ What is trusted, and why:
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -126,19 +128,21 @@ class Timer:
         before the call (SandboxConfig.timing_gate_flush)."""
         self.cuda = cuda
         self.flush = flush
-        # the flush buffer's address and size, taken now, before any solution code: tampered() reports a buffer
-        # re-pointed or shrunk in place (`flush.set_(...)`, `resize_`: same object, a smaller flush), and its storage
-        # is kept alive so that the address the gate zeroes stays this buffer's
-        self._flush_at: tuple[int, ...] = ()
+        # the flush buffer's whole layout, taken now, before any solution code: tampered() reports a buffer changed
+        # in place (`set_`, `resize_`, `as_strided_`, a stride of 0, `.data =`, another class, an instance attribute
+        # shadowing `zero_`: the same object, a smaller flush). The check comes after the request (a flush weakened
+        # for a request's calls makes its result forbidden), not before each call. The storage object is kept, so
+        # a tensor re-pointed elsewhere does not free the memory the gate zeroes (a storage resized in place does)
+        self._flush_at: tuple[Any, ...] = ()
         self._flush_keep = None
         if flush is not None:
-            self._flush_at = (int(flush.data_ptr()), int(flush.numel() * flush.element_size()))
+            self._flush_at = _flush_layout(flush)
             self._flush_keep = flush.untyped_storage()
         # gated with a flush buffer: the gate flushes L2 after its release (sandbox.timing_gate), in place of the
-        # flush before the call
+        # flush before the call; its address and size
         self._gate_flush: tuple[int, ...] = ()
         if cuda and gate is not None and flush is not None and gate_flush:
-            self._gate_flush = self._flush_at
+            self._gate_flush = (self._flush_at[1], self._flush_at[2] * math.prod(self._flush_at[3]))
         self.gate = gate if cuda else None
         self.host_allowance_ms = float(host_allowance_ms)
         self.ungated: set[str] = set()  # labels whose gate expired twice: timed without it from then on
@@ -226,14 +230,20 @@ class Timer:
 
     def tampered(self) -> list[str]:
         """Names of the timing functions that were replaced (or whose code was swapped) since construction, and
-        "timing.Timer.flush" when the L2 flush buffer no longer has the address and size it was built with."""
+        "timing.Timer.flush" when the L2 flush buffer's layout (_flush_layout) is not the one it was built with, it
+        has instance attributes, or it cannot be read."""
         out = []
         for k, v in self._current().items():
             if v is not self._refs[k] or getattr(v, "__code__", None) is not self._codes[k]:
                 out.append(k)
-        f = self.flush
-        if self._flush_at and (f is None or (int(f.data_ptr()), int(f.numel() * f.element_size())) != self._flush_at):
-            out.append("timing.Timer.flush")
+        if self._flush_at:
+            try:
+                f = self.flush
+                changed = f is None or bool(vars(f)) or _flush_layout(f) != self._flush_at
+            except Exception:  # noqa: BLE001 - a buffer the check cannot read counts as changed
+                changed = True
+            if changed:
+                out.append("timing.Timer.flush")
         return out
 
     def run(self, fn: Callable[[Any], Any], args_per_call: Sequence[Any], after: Callable[[Any], None] | None = None,
@@ -386,6 +396,16 @@ class Timer:
             parts[key] = parts.get(key, 0.0) + v
         return _result(total, loop * 1e3, len(args_per_call), gated, expired, side,
                        hosts[len(hosts) // 2] if hosts else 0.0, parts)
+
+
+def _flush_layout(t: torch.Tensor) -> tuple[Any, ...]:
+    """(type, data_ptr, element_size, size, stride, storage_offset, storage data_ptr, storage nbytes) of a tensor,
+    read through torch._C.TensorBase's own methods (an instance attribute cannot shadow them). Raises TypeError for
+    anything that is not a tensor."""
+    tb = torch._C.TensorBase
+    st = tb.untyped_storage(t)
+    return (type(t), tb.data_ptr(t), tb.element_size(t), tuple(tb.size(t)), tuple(tb.stride(t)),
+            tb.storage_offset(t), st.data_ptr(), st.nbytes())
 
 
 def _ms_parts(parts: dict[str, float]) -> dict[str, float]:

@@ -234,6 +234,9 @@ class Gate:
         vals = [self._a_flag, self._a_want, self._a_timeout, self._a_expired, self._a_release, self._a_flush,
                 self._a_flush_vecs]
         self._params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        # the items' addresses, put back before every launch: an item re-pointed in place (the array object is the
+        # same, so the identity snapshot would not see it) cannot make the gate wait on, or flush, another word
+        self._param_addrs = tuple(self._params)
         self._drv, self._lib, self._fn, self._mod = drv, lib, fn, mod
         self.device = int(device_index)
         self.timeout_ms = float(timeout_ms)
@@ -250,6 +253,7 @@ class Gate:
         flush_bytes: a device buffer of this device (16-byte aligned) that the gate zeroes after its release, in
         whole 16-byte words (an L2 flush after the hold; 0: none)."""
         self._want = self._next_want()
+        self._params[:] = self._param_addrs
         self._a_want.value = self._want
         self._a_flush.value = int(flush_ptr) if flush_bytes > 0 else 0
         self._a_flush_vecs.value = max(int(flush_bytes), 0) // 16 if flush_ptr else 0

@@ -13,7 +13,7 @@
 #                      on a 2-GPU machine: the sampler and the node on GPUs of their own)
 #   LEARNER_VARIANTS   learner_bench.py --variants (default mb1:remat,mb2:remat,mb1:noremat); LEARNER_SECTIONS
 #                      its --sections (default update,publish)
-#   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off | gate_flush |
+#   NOISE_N, NOISE_COMPARE, NOISE_EST_S  the noise bench's profiles per setting (10), its second setting (gate_off | no_gate_flush |
 #                      calibration_16 | no_harness_slack | none) and its time estimate (220 s)
 #   GPU_BENCHES="..."  the benchmarks to run, in order (default: sandbox). Known names and their estimates:
 #                      sandbox (200 s), noise (220 s: the defaults and NOISE_COMPARE's setting), learner (300 s), actor (280 s), fleet (FLEET_BUDGET_S + 20 s, default 280; FLEET_WORKERS

@@ -116,22 +116,59 @@ def test_timer_reports_a_replaced_clock_and_its_code():
     assert r["calls"] == 3 and r["loop_ms"] >= 0 and r["ms_per_call"] == pytest.approx(r["loop_ms"] / 3)
 
 
-@pytest.mark.parametrize("shrink", ["set_", "resize_", "replaced"])
-def test_timer_reports_an_l2_flush_buffer_shrunk_or_re_pointed_in_place(shrink):
-    """A solution that reaches the Timer could keep its `flush` attribute (the identity check passes) but shrink the
-    buffer behind it, so the flush before each call evicts nothing. tampered() compares the buffer's address and size
-    with those taken at construction; the original storage stays alive (the gate may zero it)."""
-    flush = torch.zeros(4096, dtype=torch.int32)
-    t = Timer(cuda=False, flush=flush)
-    assert t.tampered() == []
-    if shrink == "set_":
-        t.flush.set_(torch.zeros(4, dtype=torch.int32))
-    elif shrink == "resize_":
-        t.flush.resize_(4)
+class _LazyFlush(torch.Tensor):
+    def zero_(self):
+        return self
+
+
+def _shrink_flush(t: Timer, how: str) -> None:
+    """In-place changes that leave the Timer's `flush` attribute the same object but flush less (or nothing)."""
+    f, n = t.flush, t.flush.numel()
+    if how == "set_":
+        f.set_(torch.zeros(4, dtype=torch.int32))
+    elif how == "resize_":
+        f.resize_(4)
+    elif how == "storage_resize":
+        f.untyped_storage().resize_(16)
+    elif how == "stride_0":  # data_ptr and numel unchanged: zero_ writes one element
+        f.as_strided_((n,), (0,))
+    elif how == "overlapping_strides":
+        f.set_(f.untyped_storage(), 0, (n // 1024, 1024), (1, 1))
+    elif how == "data_setter":
+        f.data = f.as_strided((n // 1024, 1024), (1, 1))
+    elif how == "instance_zero_":  # an instance attribute shadows the method
+        f.zero_ = lambda: f
+    elif how == "instance_lies":  # shrunk, then data_ptr and numel shadowed to report the old values
+        p = f.data_ptr()
+        f.set_(torch.zeros(4, dtype=torch.int32))
+        f.data_ptr, f.numel = (lambda: p), (lambda: n)
+    elif how == "class_swap":
+        f.__class__ = _LazyFlush
+    elif how == "not_a_tensor":
+        t.flush = 0
     else:
         t.flush = None
+
+
+@pytest.mark.parametrize("how", ["set_", "resize_", "storage_resize", "stride_0", "overlapping_strides", "data_setter",
+                                 "instance_zero_", "instance_lies", "class_swap", "not_a_tensor", "none"])
+def test_timer_reports_an_l2_flush_buffer_changed_in_place(how):
+    """A solution that reaches the Timer could keep its `flush` attribute (the identity snapshot passes) and change
+    the buffer behind it so that the flush before each call evicts little or nothing. tampered() compares the
+    buffer's whole layout (read through torch._C.TensorBase, so instance attributes cannot lie), its type and its
+    instance attributes with those taken at construction, and never raises (the review of session 26)."""
+    t = Timer(cuda=False, flush=torch.zeros(1 << 16, dtype=torch.int32))
+    assert t.tampered() == []
+    _shrink_flush(t, how)
     assert t.tampered() == ["timing.Timer.flush"]
-    assert t._flush_keep.nbytes() == 4096 * 4
+
+
+def test_timer_keeps_the_flush_storage_of_a_re_pointed_buffer():
+    """The gate zeroes the address taken at construction: a buffer re-pointed elsewhere does not free it."""
+    t = Timer(cuda=False, flush=torch.zeros(4096, dtype=torch.int32))
+    ptr = t.flush.data_ptr()
+    t.flush.set_(torch.zeros(4, dtype=torch.int32))
+    assert t._flush_keep.data_ptr() == ptr and t._flush_keep.nbytes() == 4096 * 4
 
 
 def test_precision_budget_tells_fp32_from_bf16_rounding():

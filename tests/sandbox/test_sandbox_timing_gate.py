@@ -6,6 +6,7 @@ import shutil
 import time
 
 import pytest
+import torch
 
 from sandbox.config import SandboxConfig
 from sandbox.reference_worker import _event_floor, gate_setup
@@ -242,27 +243,19 @@ def test_gated_loop_records_both_events_on_the_held_stream_and_subtracts_the_lat
     assert r["ms_per_call"] == pytest.approx(0.28)
 
 
-class _FakeFlush:
-    """The L2 flush buffer's surface the Timer uses: its address and size, and zero_() (counted)."""
-
-    def __init__(self):
-        self.zeroed = 0
-
-    def data_ptr(self) -> int:
-        return 0x7000
-
-    def numel(self) -> int:
-        return 1 << 20
-
-    def element_size(self) -> int:
-        return 4
+class _CountingFlush(torch.Tensor):
+    """A 4 MiB CPU tensor standing in for the L2 flush buffer (the Timer records its layout): zero_() is counted and
+    does nothing."""
 
     def zero_(self):
         self.zeroed += 1
         return self
 
-    def untyped_storage(self):
-        return self
+
+def _FakeFlush() -> _CountingFlush:
+    f = torch.empty(1 << 20, dtype=torch.int32).as_subclass(_CountingFlush)
+    f.zeroed = 0
+    return f
 
 
 def test_gated_calls_flush_l2_in_the_gate_after_its_release_and_ungated_ones_before(monkeypatch):
@@ -280,13 +273,13 @@ def test_gated_calls_flush_l2_in_the_gate_after_its_release_and_ungated_ones_bef
     assert off_gate.flushes and all(f == () for f in off_gate.flushes)
     gate, flush = _FakeGate(), _FakeFlush()
     t = Timer(True, flush, gate, 1.0, gate_flush=True)
-    assert gate.flushes and all(f == (0x7000, 4 << 20) for f in gate.flushes)  # the latency's own gates
+    assert gate.flushes and all(f == (flush.data_ptr(), 4 << 20) for f in gate.flushes)  # the latency's gates
     assert flush.zeroed == 3  # the plain flushes that bound the latency
     assert t.gate_latency_ms == pytest.approx(0.005)  # fake: empty calls take no time
     t._perf = fake.perf
     gate.flushes.clear()
     r = t.run(lambda a: a, [1, 2, 3], label="c")
-    assert r["gated"] == 3 and gate.flushes == [(0x7000, 4 << 20)] * 3 and flush.zeroed == 3
+    assert r["gated"] == 3 and gate.flushes == [(flush.data_ptr(), 4 << 20)] * 3 and flush.zeroed == 3
     other, oflush = _FakeGate(device=1), _FakeFlush()
     u = Timer(True, oflush, other, 1.0, gate_flush=True)
     u._perf = fake.perf
@@ -470,7 +463,7 @@ def test_the_gate_zeroes_the_flush_buffer_after_its_release(tmp_path):
     r = timer.run(lambda a: a * 2.0, [x] * 2, label="z")
     assert r["gated"] == 2
     assert int(timer.flush.abs().sum().item()) == 0
-    plain, _ = _timer(tmp_path, True)  # the same gate without its flush
+    plain, _ = _timer(tmp_path, True, timing_gate_flush=False)  # the same gate without its flush
     print(f"gate latency with a 64 MiB flush: {timer.gate_latency_ms * 1e3:.1f} us, without: "
           f"{plain.gate_latency_ms * 1e3:.1f} us")
     assert plain.gate_latency_ms < timer.gate_latency_ms
@@ -711,6 +704,22 @@ def test_gate_setup_on_a_fake_driver_launches_random_values_and_reads_its_words(
     assert (g._a_flush.value, g._a_flush_vecs.value) == (0x40000, (1 << 20) // 16)
     g.close(0)  # the next launch without one flushes nothing
     assert (g._a_flush.value, g._a_flush_vecs.value) == (0, 0)
+
+
+def test_gate_puts_its_launch_parameters_back_before_every_launch(monkeypatch):
+    """An item of the launch's parameter array re-pointed in place (the array object is the same, so the identity
+    snapshot does not see it) at a word of the solution's own (a flush of one 16-byte vector, another flag word) is
+    put back by the next close(): the launch reads the gate's own values (the review of session 26)."""
+    lib = _FakeLibcuda()
+    g = _fake_gate(monkeypatch, lib)
+    own = (ctypes.c_uint64(1), ctypes.c_uint64(0))
+    g._params[6] = ctypes.addressof(own[0])  # the flush's size in vectors
+    g._params[0] = ctypes.addressof(own[1])  # the flag word the gate waits on
+    g.close(0, 0x40000, 1 << 20)
+    params = lib.launches[-1][9]
+    assert tuple(params) == g._param_addrs
+    assert ctypes.c_uint64.from_address(params[6]).value == (1 << 20) // 16
+    assert params[0] == ctypes.addressof(g._a_flag)
 
 
 def test_gate_that_cannot_fill_an_sm_is_not_loaded(monkeypatch):
