@@ -237,6 +237,9 @@ class Gate:
         # the items' addresses, put back before every launch: an item re-pointed in place (the array object is the
         # same, so the identity snapshot would not see it) cannot make the gate wait on, or flush, another word
         self._param_addrs = tuple(self._params)
+        # and the values that stay the same from launch to launch (the flag and expiry words' device addresses, the
+        # timeout, the release word), put back too: a value changed in place is the same ctypes object
+        self._fixed = (self._a_flag.value, self._a_timeout.value, self._a_expired.value, self._a_release.value)
         self._drv, self._lib, self._fn, self._mod = drv, lib, fn, mod
         self.device = int(device_index)
         self.timeout_ms = float(timeout_ms)
@@ -254,6 +257,7 @@ class Gate:
         whole 16-byte words (an L2 flush after the hold; 0: none)."""
         self._want = self._next_want()
         self._params[:] = self._param_addrs
+        self._a_flag.value, self._a_timeout.value, self._a_expired.value, self._a_release.value = self._fixed
         self._a_want.value = self._want
         self._a_flush.value = int(flush_ptr) if flush_bytes > 0 else 0
         self._a_flush_vecs.value = max(int(flush_bytes), 0) // 16 if flush_ptr else 0

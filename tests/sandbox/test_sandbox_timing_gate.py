@@ -708,18 +708,22 @@ def test_gate_setup_on_a_fake_driver_launches_random_values_and_reads_its_words(
 
 def test_gate_puts_its_launch_parameters_back_before_every_launch(monkeypatch):
     """An item of the launch's parameter array re-pointed in place (the array object is the same, so the identity
-    snapshot does not see it) at a word of the solution's own (a flush of one 16-byte vector, another flag word) is
-    put back by the next close(): the launch reads the gate's own values (the review of session 26)."""
+    snapshot does not see it) at a word of the solution's own (a flush of one 16-byte vector, another flag word), or
+    a fixed value changed in place (the timeout, the expiry word's address), is put back by the next close(): the
+    launch reads the gate's own values (the review of session 26)."""
     lib = _FakeLibcuda()
     g = _fake_gate(monkeypatch, lib)
     own = (ctypes.c_uint64(1), ctypes.c_uint64(0))
     g._params[6] = ctypes.addressof(own[0])  # the flush's size in vectors
     g._params[0] = ctypes.addressof(own[1])  # the flag word the gate waits on
+    fixed = (g._a_flag.value, g._a_timeout.value, g._a_expired.value, g._a_release.value)
+    g._a_timeout.value, g._a_expired.value = 1 << 62, 0x9000  # values changed in place: the same ctypes objects
     g.close(0, 0x40000, 1 << 20)
     params = lib.launches[-1][9]
     assert tuple(params) == g._param_addrs
     assert ctypes.c_uint64.from_address(params[6]).value == (1 << 20) // 16
     assert params[0] == ctypes.addressof(g._a_flag)
+    assert (g._a_flag.value, g._a_timeout.value, g._a_expired.value, g._a_release.value) == fixed
 
 
 def test_gate_that_cannot_fill_an_sm_is_not_loaded(monkeypatch):
