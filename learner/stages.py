@@ -18,7 +18,6 @@ value pre-training read the warm-up's trajectories after a restart too.
 from __future__ import annotations
 
 import collections
-
 import dataclasses
 from pathlib import Path
 from typing import Iterator, Sequence

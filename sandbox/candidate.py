@@ -219,8 +219,8 @@ class Worker:
                                                                 "_value") if hasattr(self.timer._l2, a)])}
                if getattr(self.timer, "_l2", None) is not None else {}),
             **({"Gate": (timing_gate, ["_flag", "_expired", "_params", "_drv", "_lib", "_fn", "_launch", "_a_flag",
-                                       "_a_want", "_a_timeout", "_a_expired", "_a_release", "_a_flush", "_a_flush_vecs", "_param_addrs", "_fixed",
-                                       "_rand", "device", "blocks",
+                                       "_a_want", "_a_timeout", "_a_expired", "_a_release", "_a_flush", "_a_flush_vecs",
+                                       "_param_addrs", "_fixed", "_rand", "device", "blocks",
                                        "threads"])} if timing_gate is not None else {}),
         })
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -133,7 +133,7 @@ class Timer:
         # shadowing `zero_`: the same object, a smaller flush). The check comes after the request (a flush weakened
         # for a request's calls makes its result forbidden), not before each call. The storage object is kept, so
         # a tensor re-pointed elsewhere does not free the memory the gate zeroes (a storage resized in place does)
-        self._flush_at: tuple[Any, ...] = ()
+        self._flush_at: _FlushLayout | tuple[()] = ()
         self._flush_keep = None
         if flush is not None:
             self._flush_at = _flush_layout(flush)
@@ -142,7 +142,8 @@ class Timer:
         # flush before the call; its address and size
         self._gate_flush: tuple[int, ...] = ()
         if cuda and gate is not None and flush is not None and gate_flush:
-            self._gate_flush = (self._flush_at[1], self._flush_at[2] * math.prod(self._flush_at[3]))
+            lay = self._flush_at
+            self._gate_flush = (lay.data_ptr, lay.element_size * math.prod(lay.size))
         self.gate = gate if cuda else None
         self.host_allowance_ms = float(host_allowance_ms)
         self.ungated: set[str] = set()  # labels whose gate expired twice: timed without it from then on
@@ -398,14 +399,25 @@ class Timer:
                        hosts[len(hosts) // 2] if hosts else 0.0, parts)
 
 
-def _flush_layout(t: torch.Tensor) -> tuple[Any, ...]:
-    """(type, data_ptr, element_size, size, stride, storage_offset, storage data_ptr, storage nbytes) of a tensor,
-    read through torch._C.TensorBase's own methods (an instance attribute cannot shadow them). Raises TypeError for
-    anything that is not a tensor."""
+class _FlushLayout(NamedTuple):
+    """A tensor's layout as Timer.tampered compares it (_flush_layout)."""
+    type: type
+    data_ptr: int
+    element_size: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    storage_ptr: int
+    storage_nbytes: int
+
+
+def _flush_layout(t: torch.Tensor) -> _FlushLayout:
+    """A tensor's layout, read through torch._C.TensorBase's own methods (an instance attribute cannot shadow them).
+    Raises TypeError for anything that is not a tensor."""
     tb = torch._C.TensorBase
     st = tb.untyped_storage(t)
-    return (type(t), tb.data_ptr(t), tb.element_size(t), tuple(tb.size(t)), tuple(tb.stride(t)),
-            tb.storage_offset(t), st.data_ptr(), st.nbytes())
+    return _FlushLayout(type(t), tb.data_ptr(t), tb.element_size(t), tuple(tb.size(t)), tuple(tb.stride(t)),
+                        tb.storage_offset(t), st.data_ptr(), st.nbytes())
 
 
 def _ms_parts(parts: dict[str, float]) -> dict[str, float]:
