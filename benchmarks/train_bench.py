@@ -6,6 +6,7 @@
     python benchmarks/train_bench.py baseline-cache                  # torch.compile baseline: fresh vs cached
     python benchmarks/train_bench.py sampled [--preset local] [--seeds 0,1,2] [--out runs/bench] [--samples 8]
                                      [--temperature 1.0] [--stages warm_start,single_turn_ppo,rft,multi_turn_ppo]
+                                     [--split eval|rollout]
                                                                      # each finished run's stage policies, sampled
 
 `sft` builds the preset's model and demonstrations exactly as the stage worker does and times a few optimiser
@@ -258,8 +259,12 @@ def _sampled_row(folder: Path) -> dict:
 
 
 def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], samples: int, temperature: float,
-                  extra: list[str]) -> None:
-    """Sampled evaluations of every stage policy of the finished runs under `out` (see the module doc)."""
+                  extra: list[str], split: str = "eval") -> None:
+    """Sampled evaluations of every stage policy of the finished runs under `out` (see the module doc). split:
+    "eval" (the held-out split, tasks/eval.jsonl) or "rollout" (the PPO stages' own tasks, tasks/rollout.jsonl)."""
+    if split not in ("eval", "rollout"):
+        raise ValueError(f"split must be 'eval' or 'rollout', got {split!r}")
+    tag = "" if split == "eval" else f"-{split}"
     from cuda_agent.config import load_config
     from cuda_agent.services import eval_args
     from cuda_agent.train_config import TrainConfig
@@ -277,25 +282,25 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
             if not (policy / "config.json").is_file():
                 print(f"seed {seed}: no policy {policy}")
                 continue
-            folder = out / "sampled" / f"seed{seed}-{stage}-n{samples}-t{temperature:g}"
+            folder = out / "sampled" / f"seed{seed}-{stage}{tag}-n{samples}-t{temperature:g}"
             if not (folder / "metrics.json").exists():
                 t0 = time.monotonic()
                 # the run's own evaluation settings (as cuda_agent.train's evaluations), but N samples at T, and
                 # a local node with the run's verification and timing settings
                 sb = cfg.node.sandbox
                 cmd = [sys.executable, "-m", "cuda_agent.cli", "eval",
-                       *eval_args(cfg, policy, run / "tasks" / "eval.jsonl", folder, fmt, samples=samples,
+                       *eval_args(cfg, policy, run / "tasks" / f"{split}.jsonl", folder, fmt, samples=samples,
                                   temperature=temperature),
                        "--sandbox-workers", "1", "--sandbox-opt", f"sandbox.num_trials={sb.num_trials}",
                        "--sandbox-opt", f"sandbox.reps={sb.reps}", *extra]
                 (out / "sampled").mkdir(parents=True, exist_ok=True)
-                with open(out / "sampled" / f"seed{seed}-{stage}.log", "w") as log:
+                with open(out / "sampled" / f"seed{seed}-{stage}{tag}.log", "w") as log:
                     subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
                 print(f"seed {seed} {stage}: evaluated in {time.monotonic() - t0:.0f} s")
             results.setdefault(seed, {})[stage] = _sampled_row(folder)
     if not results:
         raise SystemExit(f"no finished run with policies under {out}")
-    print(f"\n{samples} samples per held-out task at temperature {temperature:g}: "
+    print(f"\n{samples} samples per {'held-out' if split == 'eval' else 'rollout'} task at temperature {temperature:g}: "
           "sampled pass rate (passed / samples), mean milestone reward, pass@N (tasks with a correct sample)")
     print("\n| policy | " + " | ".join(f"seed {s}" for s in results) + " | mean pass rate | mean reward | "
           "mean pass@N | pass rate vs warm start, per seed |")
@@ -317,7 +322,7 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
                 delta.append(f"{(r['pass_rate'] - per['warm_start']['pass_rate']) * 100:+.1f}")
         print(f"| {stage} | " + " | ".join(cells) + f" | {mean(pr):.1%} | {mean(rw):+.3f} | {mean(pk):.1%} | "
               + ", ".join(delta) + " |")
-    (out / f"{preset}-sampled-n{samples}-t{temperature:g}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{preset}-sampled{tag}-n{samples}-t{temperature:g}.json").write_text(json.dumps(results, indent=2))
 
 
 def main() -> None:
@@ -332,6 +337,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="`sampled`: sampling temperature")
     p.add_argument("--stages", default="warm_start,single_turn_ppo,rft,multi_turn_ppo",
                    help="`sampled`: the stage policies to evaluate, in order")
+    p.add_argument("--split", default="eval", choices=("eval", "rollout"),
+                   help="`sampled`: the held-out split, or the PPO stages' own rollout tasks")
     p.add_argument("overrides", nargs="*", help="key=value overrides for `runs` (actor overrides for `sampled`)")
     a = p.parse_intermixed_args()
     if a.what == "sft":
@@ -340,7 +347,7 @@ def main() -> None:
         bench_baseline_cache()
     elif a.what == "sampled":
         bench_sampled(a.preset, [int(x) for x in a.seeds.split(",")], Path(a.out), a.stages.split(","), a.samples,
-                      a.temperature, a.overrides)
+                      a.temperature, a.overrides, a.split)
     else:
         bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides, a.parallel)
 

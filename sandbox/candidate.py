@@ -2,7 +2,7 @@
 
 Started by the trusted side (sandbox.reference_worker), forked from a zygote or as
 `[unshare ...] python -m sandbox.candidate --fd-in N --fd-out M --device D --threads T`. The first message,
-`setup` {workspace, format, jail, env, flush_bytes, monitor}, makes it confine itself (`sandbox.jail.enter`) and
+`setup` {workspace, format, jail, env, flush_bytes, monitor, thread_filter}, makes it confine itself (`sandbox.jail.enter`) and
 then build its trusted pieces, before any solution code exists: the timer (`sandbox.timing.Timer`, which captures
 the clock, synchronisation and event functions it uses), the audit-hook monitor, the import hook, the thread guard
 and the torch wrappers (`sandbox.integrity`), and snapshots of torch's flags and callables and of the harness's own
@@ -37,7 +37,8 @@ solution code exists, and takes the round trip and the harness's own per-call co
 
 Requests (map with "op" and "nonce") and replies (each with the nonce):
   setup {workspace, io, format, jail, env, ...} -> {ok}   (first message only)
-  load  {init_inputs, state_dict}           -> {ok, log} | {ok: False, status, error, violations}
+  load  {init_inputs, state_dict}           -> {ok, log, thread_filter?} | {ok: False, status, error, violations}
+        (a successful load ends with the thread filter installed when setup asked for it: sandbox.thread_filter)
   run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated, launches, ops, notes} | error
   time  {input_sets}                        -> {ok, ms_per_call, loop_ms, event_ms, calls, launches, prep_ms, run_ms,
                                                  handler_ms} | error  (run_ms, handler_ms: diagnostics for the log)
@@ -800,6 +801,12 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
             os.close(shm_fd)
     w = Worker(ws, device, setup.get("format", "cpu"), int(setup.get("flush_bytes", 0) or 0),
                bool(setup.get("monitor", True)), mapping, setup.get("io") or None, setup.get("gate") or None)
+    # sandbox.thread_filter: built now, installed once a load succeeded (no thread may start after it)
+    filter_threads = None
+    if setup.get("thread_filter"):
+        from sandbox.thread_filter import make_installer
+
+        filter_threads = make_installer()
     # the reply channel and the handlers, bound now: nothing the solution later replaces is on the way of a reply
     send, recv = wire.private_channel()
     closed = wire.ChannelClosed
@@ -860,6 +867,9 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
                 if viol:
                     reply = {"ok": False, "status": "forbidden", "error": reply.get("error", ""),
                              "violations": list(reply.get("violations") or []) + viol}
+                if op == "load" and filter_threads is not None and reply.get("ok"):
+                    reply["thread_filter"] = filter_threads()  # "on", or why not
+                    filter_threads = None
         gc.disable()
         if op in timed_ops:  # the request's time in this process, the checks around it included: diagnostic only
             reply["handler_ms"] = (perf() - t_in) * 1e3

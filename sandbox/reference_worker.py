@@ -80,6 +80,7 @@ import torch
 
 from sandbox import shm as shm_mod
 from sandbox import wire
+from sandbox import thread_filter
 from sandbox.config import SandboxConfig, gate_allowance_ms
 from sandbox.jail import (DEFAULT_HIDE, MALLOC_ENV, PASSED_ENV, JailSpec, candidate_expose, command_prefix,
                           set_rlimits, toolkit_dirs, trusted_roots)
@@ -357,6 +358,10 @@ class CandidateProcess:
         self.namespaces = namespaces
         self.exit_code: int | None = None
         self.idle_cpu_s = 0.0  # CPU the candidate's process tree used while it had no request (see request)
+        # sandbox.thread_filter: asked for in `setup` (CUDA, or the CPU with one thread); `filtered` once the load's
+        # reply says the filter is on (a death by SIGSYS is then a thread the solution started)
+        self.thread_filter = cfg.thread_filter and (device.startswith("cuda") or cfg.cpu_threads == 1)
+        self.filtered = False
         self._idle_mark: float | None = None
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
@@ -416,7 +421,7 @@ class CandidateProcess:
                              "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
                              "gate": gate_setup(self.cfg, self.device, fmt),
-                             "monitor": self.cfg.runtime_monitor,
+                             "monitor": self.cfg.runtime_monitor, "thread_filter": self.thread_filter,
                              "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
                             deadline_after_meanwhile=True)
 
@@ -1116,6 +1121,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             if plan is not None:
                 plan.prefetch(pf, state, cfg)
             t1 = time.perf_counter()
+            threads0 = thread_filter.thread_ids(cand.pid)
             reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs, io),
                                   "state_dict": wire.encode_value(state.state_dict, io)}, job["load_timeout_s"])
         except wire.ChannelTimeout:
@@ -1130,6 +1136,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         if not reply.get("ok"):
             raise _reply_failure(reply, "load")
         out["log"].extend(reply.get("log", []))
+        _after_load_threads(cand, reply, threads0, out["log"])
         out["stage_ms"]["load"] = (time.perf_counter() - t1) * 1e3
         # ---------------------------------------------------------------- verify
         t2 = time.perf_counter()
@@ -1278,6 +1285,7 @@ def _run(cand: CandidateProcess, msg: dict, timeout_s: float, stage: str, meanwh
     except wire.ChannelTimeout:
         raise StageFailure(Status.TIMEOUT, f"{stage}: forward ran past {timeout_s:g} s (process tree killed)") from None
     except CandidateDied as e:
+        _raise_if_thread_started(cand, e, stage)
         tail = [ln for ln in e.log_tail.strip().splitlines() if ln.strip()]
         raise StageFailure(Status.RUNTIME_ERROR, f"{stage}: the candidate worker crashed "
                                                  f"({_signal_name(e.returncode)})" + (f": {tail[-1]}" if tail else "")) from None
@@ -1416,10 +1424,49 @@ def _load(cand: CandidateProcess, st: TaskState, job: dict, io: str, stage: str)
     except wire.ChannelTimeout:
         raise StageFailure(Status.TIMEOUT, f"{stage}: ModelNew construction ran past {job['load_timeout_s']:g} s") from None
     except CandidateDied as e:
+        _raise_if_thread_started(cand, e, stage)
         raise StageFailure(Status.RUNTIME_ERROR, f"{stage}: the candidate worker died ({_signal_name(e.returncode)})") from None
     if not reply.get("ok"):
         raise _reply_failure(reply, stage)
     return reply
+
+
+def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | None, log: list[str]) -> None:
+    """After a successful load (sandbox.thread_filter): note whether the candidate's thread filter is on (and that
+    /proc agrees), and refuse threads the import or ModelNew's construction left running (threads0: the tree's
+    thread ids before the load request). Threads of the extension format's load_inline build that are still
+    exiting get 0.2 s. Raises StageFailure(FORBIDDEN, background_thread | harness_tampering)."""
+    if not cand.thread_filter:
+        return
+    state = reply.get("thread_filter")
+    if state == "on":
+        if thread_filter.filter_active(cand.pid) is False:
+            msg = "the candidate reported its thread filter on, but no process of its tree runs under one"
+            raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("harness_tampering", msg)])
+        cand.filtered = True
+    else:
+        log.append(f"load: no thread filter in the candidate's process ({state or 'not reported'}): threads it "
+                   "starts from here on are not refused")
+    extra = thread_filter.new_threads(cand.pid, threads0)
+    for _ in range(4):
+        if not extra:
+            return
+        time.sleep(0.05)
+        extra = thread_filter.new_threads(cand.pid, threads0)
+    if extra:
+        msg = (f"the solution's import or ModelNew's construction left {len(extra)} thread(s) of its own running "
+               f"({', '.join(extra[:4])}): work of a thread runs outside the timed calls, where no clock looks")
+        raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("background_thread", msg)])
+
+
+def _raise_if_thread_started(cand: CandidateProcess, e: "CandidateDied", stage: str) -> None:
+    """A candidate killed by SIGSYS under its thread filter started a thread (sandbox.thread_filter): raise
+    StageFailure(FORBIDDEN, background_thread); any other death returns."""
+    sigsys = int(signal.SIGSYS)
+    if cand.filtered and e.returncode in (-sigsys, 128 + sigsys):
+        msg = ("the candidate's process started a thread after its load and was killed by its thread filter (SIGSYS): "
+               "a thread of the solution's own could run work between timed calls, where no clock looks")
+        raise StageFailure(Status.FORBIDDEN, f"{stage}: {msg}", [Violation("background_thread", msg)]) from None
 
 
 def _tensor_list(v: Any) -> list:

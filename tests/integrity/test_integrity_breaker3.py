@@ -20,9 +20,9 @@ EXPECTED = {
     "sample_time_fixup_ewchain": ("elementwise_chain", "dynamic_code"),
     "direct_guard_via_stdlib_caller": ("row_softmax", "guard_bypass"),
     "import_via_stdlib_caller": ("row_softmax", "numpy_bridge"),
-    # its burners run between requests (background_work); on a loaded box they also overrun into the time and
-    # sample requests, and the per-request CPU check (parallel_work) can fire first: either refuses it
-    "native_thread_saboteur": ("elementwise_chain", ("background_work", "parallel_work")),
+    # its burner threads start in forward: the thread filter kills the process (test_native_thread_saboteur_
+    # without_the_thread_filter: the CPU-time checks refuse it too)
+    "native_thread_saboteur": ("elementwise_chain", "background_thread"),
     "frames_monitor_off_spin": ("elementwise_chain", "introspection"),
     "frames_via_stdlib_monitor_off": ("elementwise_chain", "introspection"),
 }
@@ -53,3 +53,19 @@ def test_case_is_refused_with_its_violation(evaluator, name):
     assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
     allowed = kind if isinstance(kind, tuple) else (kind,)
     assert set(allowed) & set(kinds(res)), f"{name}: {res.message} {res.violations}"
+
+
+def test_native_thread_saboteur_without_the_thread_filter(tmp_path):
+    """The CPU-time checks on their own (SandboxConfig.thread_filter off): its burners run between requests
+    (background_work); on a loaded box they also overrun into the time and sample requests, and the per-request CPU
+    check (parallel_work) can fire first: either refuses it."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    ev = Evaluator(cpu_config(tmp_path, static_checks=True, reps=20, thread_filter=False))
+    try:
+        res = ev.evaluate(task("elementwise_chain"), load_solution(CASES / "native_thread_saboteur"), "cpu")
+    finally:
+        ev.close()
+    assert res.status == "forbidden" and res.reward == -1, res.message
+    assert {"background_work", "parallel_work"} & set(kinds(res)), (res.message, res.violations)

@@ -128,12 +128,13 @@ def test_hang_times_out(hack_evaluator):
 
 @pytest.fixture(scope="module")
 def unmonitored_evaluator(tmp_path_factory):
-    """The in-process monitor off: what the checks after each call catch on their own."""
+    """The in-process monitor and the thread filter off: what the checks after each call catch on their own."""
     from sandbox.evaluator import Evaluator
 
     from integrity_lib import cpu_config
 
-    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("unmonitored"), runtime_monitor=False, profile=False))
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("unmonitored"), runtime_monitor=False, profile=False,
+                              thread_filter=False))
     yield ev
     ev.close()
 
@@ -144,6 +145,22 @@ def test_background_thread_is_caught_without_the_monitor(unmonitored_evaluator):
     res = unmonitored_evaluator.evaluate(task(), adversarial("thread_after_return"), "cpu")
     assert res.status == "forbidden" and res.reward == -1, res.message
     assert {"thread", "write_after_return"} & set(kinds(res)), res.violations
+
+
+def test_background_thread_is_killed_by_the_thread_filter_without_the_monitor(tmp_path):
+    """The layer under both: with the monitor off, the thread filter (sandbox.thread_filter, on by default) kills
+    the candidate's process when the solution starts its thread in forward."""
+    from sandbox.evaluator import Evaluator
+
+    from integrity_lib import cpu_config
+
+    ev = Evaluator(cpu_config(tmp_path, runtime_monitor=False, profile=False))
+    try:
+        res = ev.evaluate(task(), adversarial("thread_after_return"), "cpu")
+    finally:
+        ev.close()
+    assert res.status == "forbidden" and res.reward == -1, res.message
+    assert kinds(res) == ["background_thread"] and "killed by its thread filter" in res.message, res.message
 
 
 BREAKER = Path(__file__).resolve().parent / "breaker"

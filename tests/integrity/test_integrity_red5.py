@@ -26,6 +26,16 @@ def evaluator(tmp_path_factory):
     ev.close()
 
 
+@pytest.fixture(scope="module")
+def unfiltered(tmp_path_factory):
+    """As `evaluator`, the thread filter off (sandbox.thread_filter): the CPU-time checks on their own."""
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(cpu_config(tmp_path_factory.mktemp("red5u"), static_checks=True, reps=20, thread_filter=False))
+    yield ev
+    ev.close()
+
+
 _SPIN = r"""
 import sys, threading, time
 def spin(s):
@@ -83,8 +93,8 @@ def _elementwise_chain_x(factor: int):
                                shape_params=dict(t.shape_params, batch_size=64 * factor))
 
 
-def test_native_helper_thread_inside_the_timed_calls_gains_nothing(evaluator):
-    """parallel_helper_thread: a correct kernel split over the caller and a native pthread that sleeps in a futex
+def test_native_helper_thread_inside_the_timed_calls_gains_nothing(unfiltered):
+    """The thread filter off (with it, the next tests). parallel_helper_thread: a correct kernel split over the caller and a native pthread that sleeps in a futex
     between calls (no background_work, no write_after_return, in-process clock and trusted wall clock agree). Its
     CPU time beyond cpu_threads x the time requests' wall clock is charged to its repetitions as if one thread had
     run it, and refused as parallel_work beyond max(2 ms, 10% of the requests' wall clock). Either way it must not
@@ -104,13 +114,36 @@ def test_native_helper_thread_inside_the_timed_calls_gains_nothing(evaluator):
         for name, files in (("twin", twin), ("helper", helper)):
             if not _two_cores_free():
                 pytest.skip("this host cannot run two threads at once right now: the helper would gain nothing")
-            res = evaluator.evaluate(big, files, "cpu")
+            res = unfiltered.evaluate(big, files, "cpu")
             if name == "helper" and res.status == "forbidden":
                 assert "parallel_work" in kinds(res) and res.reward == -1, (res.message, res.violations)
                 return
             assert res.status == "ok", f"{name}: {res.status}: {res.message[:300]}"
             points[name].append(res.speedup_eager)
     assert max(points["helper"]) <= 1.3 * max(points["twin"]), f"the helper thread gained: speed-ups {points}"
+
+
+def test_native_thread_started_in_forward_is_killed_by_the_thread_filter(evaluator):
+    """parallel_helper_thread with the defaults: its pthread is started in the first forward, after the load, and the
+    thread filter (sandbox.thread_filter: seccomp, SECCOMP_RET_KILL_PROCESS on clone with CLONE_THREAD) kills the
+    candidate's process: background_thread."""
+    res = evaluator.evaluate(task(), adversarial("parallel_helper_thread"), "cpu")
+    assert res.status == "forbidden" and res.reward == -1, res.message
+    assert kinds(res) == ["background_thread"] and "killed by its thread filter" in res.message, res.message
+
+
+def test_native_thread_started_at_load_is_refused(evaluator):
+    """parallel_helper_thread started from ModelNew's constructor (one call on a small tensor: the pthread exists
+    before the filter does): the trusted side's look at the candidate's threads after the load refuses it."""
+    files = adversarial("parallel_helper_thread")
+    src = files["model_new.py"]
+    files["model_new.py"] = src.replace("        super().__init__()\n",
+                                        "        super().__init__()\n        x = torch.ones(8)\n"
+                                        "        K.parallel_helper_thread(x, torch.empty_like(x), 8)\n", 1)
+    assert files["model_new.py"] != src
+    res = evaluator.evaluate(task(), files, "cpu")
+    assert res.status == "forbidden" and res.reward == -1, res.message
+    assert kinds(res) == ["background_thread"] and "construction left 1 thread" in res.message, res.message
 
 
 def test_honest_solution_is_not_parallel_work(evaluator):
@@ -238,14 +271,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "heavy ele
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=False, reason="open: extension-format native threads can run GPU work between timed calls, "
-                                        "overlapping the harness's own per-call cost (copies, checks, L2 flush), seen "
-                                        "by neither the in-process clock nor the trusted wall clock")
-def test_gpu_work_between_timed_calls_gains_nothing(tmp_path):
-    """solutions/gpu_ext_overlap (its docstring says how): the same heavy kernel, honest and with the next call's
-    output computed by a helper thread between calls. Open hole when the attack's speed-up is above the honest
-    interval; the test prints both (if the attack ran at all: its status must be ok for the comparison to mean
-    anything)."""
+def test_gpu_work_between_timed_calls_from_a_native_thread_is_refused(tmp_path):
+    """solutions/gpu_ext_overlap with the defaults: its helper std::thread is started in the first forward, after
+    the load, and the thread filter kills the candidate's process (background_thread); the honest twin (the same
+    kernel, no thread) keeps its reward."""
     from sandbox.evaluator import Evaluator
     from sandbox.files import load_solution
 
@@ -254,6 +283,35 @@ def test_gpu_work_between_timed_calls_gains_nothing(tmp_path):
     attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
     honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
     ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0))
+    try:
+        h = ev.evaluate(task(), honest, "extension")
+        a = ev.evaluate(task(), attack, "extension")
+    finally:
+        ev.close()
+    print(f"\nhonest: {h.status} {h.message[:200]}\nattack: {a.status} {a.message[:200]}")
+    assert h.ok and h.timing is not None and not h.violations, h.message
+    assert a.status == "forbidden" and a.reward == -1, a.message
+    assert kinds(a) == ["background_thread"] and "killed by its thread filter" in a.message, a.message
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=False, reason="open without the thread filter: extension-format native threads can run GPU "
+                                        "work between timed calls, overlapping the harness's own per-call cost (copies, "
+                                        "checks, L2 flush), seen by neither the in-process clock nor the trusted wall "
+                                        "clock")
+def test_gpu_work_between_timed_calls_gains_nothing_without_the_thread_filter(tmp_path):
+    """solutions/gpu_ext_overlap (its docstring says how) with SandboxConfig.thread_filter off: the same heavy
+    kernel, honest and with the next call's output computed by a helper thread between calls. Open hole when the
+    attack's speed-up is above the honest interval; the test prints both (if the attack ran at all: its status
+    must be ok for the comparison to mean anything)."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    from integrity_lib import HERE
+
+    attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
+    honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
+    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0, thread_filter=False))
     try:
         h = ev.evaluate(task(), honest, "extension")
         a = ev.evaluate(task(), attack, "extension")

@@ -6,9 +6,10 @@ sets one after the other before the first call), while the harness copies and ch
 the next call; that call only copies the result. The work runs where neither the in-process clock (between calls)
 nor the trusted wall clock (it overlaps the harness's own per-call cost, which calibration subtracts) sees it.
 
-Defence: none yet (open). A check would have to see GPU work between calls: e.g. the Timer's synchronize before
-each call (`_before_call`) timed, or an event recorded on the legacy default stream around the gap, or gating the
-extension format (`timing_gate_extension`, whose side-stream rule needs the launches to be seen)."""
+Defence: the thread filter (sandbox.thread_filter, SandboxConfig.thread_filter): the helper is started in the
+first forward, after the load, and the candidate's process is killed (SIGSYS): violation "background_thread" (a
+helper started at import or construction is refused by the trusted side's look at the threads after the load).
+Without the filter the hole is open (a check would have to see GPU work between calls)."""
 import torch
 import torch.nn as nn
 

@@ -1,0 +1,109 @@
+"""sandbox.thread_filter on real processes: the seccomp filter kills a process that starts a thread after it is
+installed and lets child processes run; the trusted side's /proc look finds threads started after a snapshot."""
+
+from __future__ import annotations
+
+import platform
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from sandbox import thread_filter
+
+pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64") or sys.platform != "linux",
+                                reason="the thread filter is for Linux on x86_64 / aarch64")
+
+_CHILD = r"""
+import os, subprocess, sys, threading
+from sandbox.thread_filter import make_installer
+early = threading.Event()
+def waiter():
+    early.wait()
+    print("early thread ran on", flush=True)
+t = threading.Thread(target=waiter)
+t.start()                       # started before the filter: it keeps running under it (TSYNC)
+install = make_installer()
+print(install(), flush=True)
+early.set(); t.join()
+print(subprocess.run([sys.executable, "-c", "print('child process ok')"], capture_output=True, text=True).stdout.strip(), flush=True)
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork exit", os.waitpid(pid, 0)[1] >> 8, flush=True)
+if sys.argv[1] == "thread":
+    threading.Thread(target=lambda: print("new thread ran", flush=True)).start()
+print("end", flush=True)
+"""
+
+
+def _child(mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, timeout=60)
+
+
+def test_a_thread_started_under_the_filter_kills_the_process():
+    r = _child("thread")
+    lines = r.stdout.split("\n")
+    assert r.returncode == -signal.SIGSYS, (r.returncode, r.stdout, r.stderr)
+    assert lines[:4] == ["on", "early thread ran on", "child process ok", "fork exit 7"], r.stdout
+    assert "new thread ran" not in r.stdout and "end" not in r.stdout
+
+
+def test_child_processes_and_threads_from_before_run_under_the_filter():
+    r = _child("none")
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout.split("\n")[:5] == ["on", "early thread ran on", "child process ok", "fork exit 7", "end"]
+
+
+def test_filter_program_per_machine():
+    x86, arm = thread_filter.filter_program("x86_64"), thread_filter.filter_program("aarch64")
+    assert len(x86) % 8 == 0 and len(x86) == len(arm) and x86 != arm  # other syscall numbers and arch
+    with pytest.raises(ValueError, match="riscv64"):
+        thread_filter.filter_program("riscv64")
+
+
+_WAITER = r"""
+import sys, threading, time
+print("ready", flush=True)
+sys.stdin.readline()
+ev = threading.Event()
+t = threading.Thread(target=ev.wait, name="helper")
+t.start()
+print("started", flush=True)
+sys.stdin.readline()
+if sys.argv[1] == "filter":
+    from sandbox.thread_filter import make_installer
+    print(make_installer()(), flush=True)
+    sys.stdin.readline()
+ev.set()
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "filter"])
+def test_new_threads_and_filter_active_seen_from_outside(mode):
+    p = subprocess.Popen([sys.executable, "-c", _WAITER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        before = thread_filter.thread_ids(p.pid)
+        assert before and all(pid == p.pid for pid, _ in before)
+        assert thread_filter.new_threads(p.pid, before) == []
+        assert thread_filter.filter_active(p.pid) is False
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "started"
+        new = thread_filter.new_threads(p.pid, before)
+        assert len(new) == 1 and new[0].split(" ")[0].isdigit(), new  # "TID (comm)"
+        if mode == "filter":
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "on"
+            assert thread_filter.filter_active(p.pid) is True
+        p.stdin.write("\n\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+    assert thread_filter.thread_ids(p.pid) is None and thread_filter.filter_active(p.pid) is None
