@@ -1460,12 +1460,13 @@ def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | Non
 
 
 def _raise_if_thread_started(cand: CandidateProcess, e: "CandidateDied", stage: str) -> None:
-    """A candidate killed by SIGSYS under its thread filter started a thread (sandbox.thread_filter): raise
+    """A candidate killed by SIGSYS under its thread filter started a thread or process (sandbox.thread_filter): raise
     StageFailure(FORBIDDEN, background_thread); any other death returns."""
     sigsys = int(signal.SIGSYS)
     if cand.filtered and e.returncode in (-sigsys, 128 + sigsys):
-        msg = ("the candidate's process started a thread after its load and was killed by its thread filter (SIGSYS): "
-               "a thread of the solution's own could run work between timed calls, where no clock looks")
+        msg = ("the candidate's process started a thread or process after its load and was killed by its thread "
+               "filter (SIGSYS): a thread of the solution's own could run work between timed calls, where no clock "
+               "looks")
         raise StageFailure(Status.FORBIDDEN, f"{stage}: {msg}", [Violation("background_thread", msg)]) from None
 
 

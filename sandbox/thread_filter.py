@@ -1,5 +1,5 @@
-"""No new threads once the solution is loaded: a seccomp filter in the candidate's process, and the trusted side's
-look at the threads the load left running.
+"""No new threads (or processes) once the solution is loaded: a seccomp filter in the candidate's process, and the
+trusted side's look at the threads the load left running.
 
 Why: a thread of the solution's own can run work where no clock looks. On the CPU backend, the CPU-time check of the
 time and sample requests (sandbox.reference_worker: `parallel_work`, `background_work`) charges it. On the CUDA
@@ -10,14 +10,16 @@ is seen by neither the in-process clock nor the trusted wall clock (tests/integr
 The defence, in two parts:
 - `make_installer()` is called in the candidate's `setup`, before any solution code exists; it builds the filter
   program and binds the libc calls. The installer it returns runs at the end of a successful `load` (the import
-  and ModelNew's construction, where the extension format's `load_inline` build may need threads). From then on,
-  any thread the process starts (clone with CLONE_THREAD) kills the whole process with SIGSYS
-  (SECCOMP_RET_KILL_PROCESS); clone3 is refused with ENOSYS, so libc falls back to clone, whose flags the filter
-  can read. Child processes (fork, posix_spawn) are not affected here (the jail's limits cover them). A syscall of
-  another ABI than the process's own (i386 `int 0x80`, x32) kills it too: it would bypass the numbers checked.
-  SECCOMP_FILTER_FLAG_TSYNC puts the filter on every thread already there (the CUDA driver's included).
-- The trusted side lists the candidate's threads (`thread_ids`, /proc/PID/task) before `load` and after its
-  reply: a thread started by the import or the constructor that is still running is refused (`new_threads`).
+  and ModelNew's construction, where the extension format's `load_inline` build needs processes and threads).
+  From then on, any thread or process the candidate's process starts (clone, fork, vfork) kills the whole process
+  with SIGSYS (SECCOMP_RET_KILL_PROCESS); clone3 is refused with ENOSYS, so libc falls back to clone. A process
+  counts too: one made with CLONE_VM shares the memory like a thread, and a forked one could run work of its own
+  (Python-level process creation is refused earlier, by the monitor). A syscall of another ABI than the process's
+  own (i386 `int 0x80`, x32) kills it too: it would bypass the numbers checked. SECCOMP_FILTER_FLAG_TSYNC puts the
+  filter on every thread already there (the CUDA driver's included).
+- The trusted side lists the threads of the candidate's process tree (`thread_ids`, /proc/PID/task) before `load`
+  and after its reply: a thread or process started by the import or the constructor that is still running is
+  refused (`new_threads`).
 
 Applied on the CUDA backend, and on the CPU backend when SandboxConfig.cpu_threads is 1 (OpenMP teams of the
 solution's own need threads beyond that; the CPU-time check covers them). Linux on x86_64 or aarch64; elsewhere
@@ -33,40 +35,42 @@ import struct
 from typing import Callable
 
 # seccomp_data (linux/seccomp.h): int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
-_NR, _ARCH, _ARG0 = 0, 4, 16
-# per machine: (AUDIT_ARCH_*, __NR_clone, __NR_clone3, __NR_seccomp, x32 bit or 0)
-_ABI = {"x86_64": (0xC000003E, 56, 435, 317, 0x40000000), "aarch64": (0xC00000B7, 220, 435, 277, 0)}
-CLONE_THREAD = 0x00010000
+_NR, _ARCH = 0, 4
+# per machine: (AUDIT_ARCH_*, __NR_clone, __NR_clone3, __NR_fork, __NR_vfork, __NR_seccomp, x32 bit or 0); aarch64
+# has no fork / vfork syscalls (libc makes them with clone): a number no syscall has stands in
+_NONE = 0xFFFFFFFF
+_ABI = {"x86_64": (0xC000003E, 56, 435, 57, 58, 317, 0x40000000),
+        "aarch64": (0xC00000B7, 220, 435, _NONE, _NONE, 277, 0)}
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _PR_SET_NO_NEW_PRIVS, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
 _ENOSYS = 38
-# classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
-# BPF_RET|BPF_K
-_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+# classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K
+_LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 
 
 def filter_program(machine: str) -> bytes:
     """The filter as struct sock_filter[] bytes (8 bytes an instruction: u16 code, u8 jt, u8 jf, u32 k) for
-    `machine` (platform.machine()). Raises ValueError for a machine not in _ABI."""
+    `machine` (platform.machine()): clone, fork and vfork kill the process, clone3 fails with ENOSYS (libc then
+    uses clone), a syscall of another ABI kills it, everything else is allowed. Raises ValueError for a machine
+    not in _ABI."""
     if machine not in _ABI:
         raise ValueError(f"no thread filter for machine {machine!r} (known: {', '.join(sorted(_ABI))})")
-    arch, nr_clone, nr_clone3, _, x32 = _ABI[machine]
-    kill, allow = (_RET, 0, 0, _RET_KILL_PROCESS), (_RET, 0, 0, _RET_ALLOW)
+    arch, nr_clone, nr_clone3, nr_fork, nr_vfork, _, x32 = _ABI[machine]
+    kill = (_RET, 0, 0, _RET_KILL_PROCESS)
     prog = [
         (_LD, 0, 0, _ARCH),
         (_JEQ, 1, 0, arch),            # another ABI (i386 int 0x80 on x86_64): kill
         kill,
         (_LD, 0, 0, _NR),
-        (_JGE, 0, 1, x32) if x32 else (_JEQ, 0, 1, 0xFFFFFFFF),  # x32 numbers: kill (no-op test elsewhere)
+        (_JGE, 0, 1, x32) if x32 else (_JEQ, 0, 1, _NONE),  # x32 numbers: kill
         kill,
         (_JEQ, 0, 1, nr_clone3),
-        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),  # clone3's flags sit in memory the filter cannot read: libc falls back
-        (_JEQ, 1, 0, nr_clone),
-        allow,
-        (_LD, 0, 0, _ARG0),            # clone's flags (the low 32 bits of args[0])
-        (_JSET, 0, 1, CLONE_THREAD),
+        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),  # clone3's flags sit in memory a filter cannot read: libc falls back
+        (_JEQ, 3, 0, nr_clone),        # a thread, or a process (one that shares the memory is a thread in all but name)
+        (_JEQ, 2, 0, nr_fork),
+        (_JEQ, 1, 0, nr_vfork),
+        (_RET, 0, 0, _RET_ALLOW),
         kill,
-        allow,
     ]
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
@@ -75,7 +79,7 @@ def make_installer() -> Callable[[], str]:
     """Build the filter and bind the calls that install it, now (before solution code exists); return the
     installer. The installer takes no argument, installs the filter on every thread of this process and returns
     "on", or a reason it could not ("unsupported: ..."); it never raises. Once on, the process cannot take the
-    filter off, and it is inherited by every child."""
+    filter off."""
     machine = platform.machine()
     if machine not in _ABI or not os.path.exists("/proc/self/status"):
         reason = f"unsupported: no thread filter for {platform.system()} {machine}"
@@ -90,7 +94,7 @@ def make_installer() -> Callable[[], str]:
     libc = ctypes.CDLL(None, use_errno=True)
     prctl, syscall = libc.prctl, libc.syscall
     prctl.restype = syscall.restype = ctypes.c_long
-    nr_seccomp = _ABI[machine][3]
+    nr_seccomp = _ABI[machine][5]
     get_errno, strerror = ctypes.get_errno, os.strerror
     keep = (prog, fprog)  # the program's memory lives as long as the installer
 

@@ -1,5 +1,6 @@
-"""sandbox.thread_filter on real processes: the seccomp filter kills a process that starts a thread after it is
-installed and lets child processes run; the trusted side's /proc look finds threads started after a snapshot."""
+"""sandbox.thread_filter on real processes: the seccomp filter kills a process that starts a thread or a process
+after it is installed, and threads from before run on; the trusted side's /proc look finds threads started after a
+snapshot."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64") 
 _CHILD = r"""
 import os, subprocess, sys, threading
 from sandbox.thread_filter import make_installer
+print(subprocess.run([sys.executable, "-c", "print('child process ok')"], capture_output=True, text=True).stdout.strip(), flush=True)
 early = threading.Event()
 def waiter():
     early.wait()
@@ -27,13 +29,14 @@ t.start()                       # started before the filter: it keeps running un
 install = make_installer()
 print(install(), flush=True)
 early.set(); t.join()
-print(subprocess.run([sys.executable, "-c", "print('child process ok')"], capture_output=True, text=True).stdout.strip(), flush=True)
-pid = os.fork()
-if pid == 0:
-    os._exit(7)
-print("fork exit", os.waitpid(pid, 0)[1] >> 8, flush=True)
-if sys.argv[1] == "thread":
+mode = sys.argv[1]
+if mode == "thread":
     threading.Thread(target=lambda: print("new thread ran", flush=True)).start()
+elif mode == "fork":
+    if os.fork() == 0:
+        os._exit(0)
+elif mode == "spawn":
+    subprocess.run([sys.executable, "-c", "pass"])
 print("end", flush=True)
 """
 
@@ -42,18 +45,18 @@ def _child(mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, timeout=60)
 
 
-def test_a_thread_started_under_the_filter_kills_the_process():
-    r = _child("thread")
-    lines = r.stdout.split("\n")
+@pytest.mark.parametrize("mode", ["thread", "fork", "spawn"])
+def test_a_thread_or_process_started_under_the_filter_kills_the_process(mode):
+    r = _child(mode)
     assert r.returncode == -signal.SIGSYS, (r.returncode, r.stdout, r.stderr)
-    assert lines[:4] == ["on", "early thread ran on", "child process ok", "fork exit 7"], r.stdout
+    assert r.stdout.split("\n")[:3] == ["child process ok", "on", "early thread ran on"], r.stdout
     assert "new thread ran" not in r.stdout and "end" not in r.stdout
 
 
-def test_child_processes_and_threads_from_before_run_under_the_filter():
+def test_threads_from_before_run_on_under_the_filter():
     r = _child("none")
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
-    assert r.stdout.split("\n")[:5] == ["on", "early thread ran on", "child process ok", "fork exit 7", "end"]
+    assert r.stdout.split("\n")[:4] == ["child process ok", "on", "early thread ran on", "end"]
 
 
 def test_filter_program_per_machine():
