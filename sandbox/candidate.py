@@ -38,7 +38,8 @@ solution code exists, and takes the round trip and the harness's own per-call co
 Requests (map with "op" and "nonce") and replies (each with the nonce):
   setup {workspace, io, format, jail, env, ...} -> {ok}   (first message only)
   load  {init_inputs, state_dict}           -> {ok, log, thread_filter?} | {ok: False, status, error, violations}
-        (a successful load ends with the thread filter installed when setup asked for it: sandbox.thread_filter)
+        (with the thread filter installed before the import, or after a successful one, as setup asked:
+        sandbox.thread_filter)
   run   {inputs, poison}                    -> {ok, outputs, violations, alias, mutated, launches, ops, notes} | error
   time  {input_sets}                        -> {ok, ms_per_call, loop_ms, event_ms, calls, launches, prep_ms, run_ms,
                                                  handler_ms} | error  (run_ms, handler_ms: diagnostics for the log)
@@ -801,9 +802,11 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
             os.close(shm_fd)
     w = Worker(ws, device, setup.get("format", "cpu"), int(setup.get("flush_bytes", 0) or 0),
                bool(setup.get("monitor", True)), mapping, setup.get("io") or None, setup.get("gate") or None)
-    # sandbox.thread_filter: built now, installed once a load succeeded (no thread may start after it)
-    filter_threads = None
-    if setup.get("thread_filter"):
+    # sandbox.thread_filter: built now; installed just before the first load's import ("before_import") or once it
+    # succeeded ("after_load": the extension format's load_inline build needs threads and processes)
+    filter_mode = setup.get("thread_filter") or ""
+    filter_threads, filter_state = None, ""
+    if filter_mode in ("before_import", "after_load"):
         from sandbox.thread_filter import make_installer
 
         filter_threads = make_installer()
@@ -857,6 +860,8 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
             if viol:
                 reply = {"ok": False, "status": "forbidden", "error": "", "violations": viol}
             else:
+                if op == "load" and filter_threads is not None and filter_mode == "before_import":
+                    filter_state, filter_threads = filter_threads(), None  # "on", or why not
                 try:
                     reply = h(msg)
                 except BaseException:  # noqa: BLE001
@@ -868,8 +873,9 @@ def serve(fd_in: int, fd_out: int, device: str, threads: int, shm_fd: int | None
                     reply = {"ok": False, "status": "forbidden", "error": reply.get("error", ""),
                              "violations": list(reply.get("violations") or []) + viol}
                 if op == "load" and filter_threads is not None and reply.get("ok"):
-                    reply["thread_filter"] = filter_threads()  # "on", or why not
-                    filter_threads = None
+                    filter_state, filter_threads = filter_threads(), None
+                if op == "load" and filter_state:
+                    reply["thread_filter"] = filter_state
         gc.disable()
         if op in timed_ops:  # the request's time in this process, the checks around it included: diagnostic only
             reply["handler_ms"] = (perf() - t_in) * 1e3

@@ -216,11 +216,12 @@ class SandboxConfig:
     /proc); more is `background_work` (forbidden): threads of its own, native ones included, that run while the
     baselines are timed. 0 = not checked."""
     thread_filter: bool = True
-    """Once the solution is loaded (imported, ModelNew built), any thread or process its process starts kills it
-    (sandbox.thread_filter: a seccomp filter; `background_thread`, forbidden), and a thread the load left running
-    is refused: a thread of its own could run GPU work between timed calls, where no clock looks. On the CUDA
-    backend, and on the CPU backend when cpu_threads is 1 (with more, OpenMP teams of the solution's own need
-    threads; the CPU-time checks cover them). Linux x86_64 / aarch64; elsewhere logged and skipped."""
+    """Once the solution is loaded (before its import for the formats the sandbox builds, after the load for a
+    load_inline solution), any thread, process or timer its process starts kills it (sandbox.thread_filter: a
+    seccomp filter; `background_thread`, forbidden), and a thread the load left running is refused: a thread of its
+    own could run GPU work between timed calls, where no clock looks. On the CUDA backend, and on the CPU backend
+    when cpu_threads is 1 (with more, OpenMP teams of the solution's own need threads; the CPU-time checks cover
+    them). Linux x86_64 / aarch64; elsewhere logged and skipped."""
 
     # --- threads
     cpu_threads: int = 1

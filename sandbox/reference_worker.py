@@ -60,6 +60,7 @@ import collections
 import contextlib
 import ctypes
 import gc
+import json
 import math
 import os
 import secrets
@@ -361,6 +362,7 @@ class CandidateProcess:
         # sandbox.thread_filter: asked for in `setup` (CUDA, or the CPU with one thread); `filtered` once the load's
         # reply says the filter is on (a death by SIGSYS is then a thread the solution started)
         self.thread_filter = cfg.thread_filter and (device.startswith("cuda") or cfg.cpu_threads == 1)
+        self.filter_mode = ""  # set by `setup`: "before_import", or "after_load" for a load_inline solution
         self.filtered = False
         self._idle_mark: float | None = None
         r1, w1 = os.pipe()
@@ -417,11 +419,14 @@ class CandidateProcess:
         """Hand the worker its workspace (and confinement). Raises wire.ChannelTimeout or CandidateDied.
         meanwhile: trusted work run while the worker sets up (it does not count against timeout_s)."""
         rl = {} if jail is not None else _rlimits(self.cfg, self.device)
+        if self.thread_filter:  # a load_inline solution builds in its load (threads, processes): the filter after it
+            built = fmt != "extension" or _has_extension_module(env.get("CUDA_AGENT_KERNELS_MANIFEST"))
+            self.filter_mode = "before_import" if built else "after_load"
         return self.request({"op": "setup", "workspace": ws, "io": io, "format": fmt,
                              "jail": jail.to_json() if jail else "",
                              "env": env, "rlimits": rl, "flush_bytes": self.cfg.l2_flush_bytes,
                              "gate": gate_setup(self.cfg, self.device, fmt),
-                             "monitor": self.cfg.runtime_monitor, "thread_filter": self.thread_filter,
+                             "monitor": self.cfg.runtime_monitor, "thread_filter": self.filter_mode,
                              "shm_bytes": self.shm.nbytes if self.shm is not None else 0}, timeout_s, meanwhile,
                             deadline_after_meanwhile=True)
 
@@ -1122,12 +1127,15 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
                 plan.prefetch(pf, state, cfg)
             t1 = time.perf_counter()
             threads0 = thread_filter.thread_ids(cand.pid)
+            filters0 = thread_filter.seccomp_filters(cand.pid)
+            cand.filtered = cand.filter_mode == "before_import"  # installed as the request arrives
             reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs, io),
                                   "state_dict": wire.encode_value(state.state_dict, io)}, job["load_timeout_s"])
         except wire.ChannelTimeout:
             raise StageFailure(Status.TIMEOUT, f"load: model_new.py import / ModelNew construction ran past "
                                                f"{job['load_timeout_s']:g} s") from None
         except CandidateDied as e:
+            _raise_if_thread_started(cand, e, "load")
             tail = e.log_tail.strip().splitlines()
             if e.returncode == 125:
                 raise StageFailure(Status.INTERNAL_ERROR, f"confinement failed: {' '.join(tail[-1:])}") from None
@@ -1136,7 +1144,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         if not reply.get("ok"):
             raise _reply_failure(reply, "load")
         out["log"].extend(reply.get("log", []))
-        _after_load_threads(cand, reply, threads0, out["log"])
+        _after_load_threads(cand, reply, threads0, filters0, out["log"])
         out["stage_ms"]["load"] = (time.perf_counter() - t1) * 1e3
         # ---------------------------------------------------------------- verify
         t2 = time.perf_counter()
@@ -1234,8 +1242,9 @@ def _device_free_fraction() -> float:
 
 
 def tree_cpu_s(pid: int, precise: bool = False) -> float | None:
-    """CPU seconds (user + system, all threads) of process `pid` and its descendants, read from /proc (children
-    through /proc/PID/task/TID/children); None when pid's own stat cannot be read. Clock-tick resolution; with
+    """CPU seconds (user + system, all threads) of process `pid` and its descendants, those that exited and were
+    waited for included, read from /proc (children through /proc/PID/task/TID/children); None when pid's own stat
+    cannot be read. Clock-tick resolution; with
     `precise`, each process's CPU clock (clock_gettime on its CLOCK_PROCESS_CPUTIME_ID: nanoseconds, every thread,
     exited ones included) where it can be read, its stat's ticks where not."""
     ticks = 0
@@ -1255,6 +1264,9 @@ def tree_cpu_s(pid: int, precise: bool = False) -> float | None:
                 ticks += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
             else:
                 exact += clock
+            # cutime, cstime (16 and 17): children that exited and were waited for, which the walk no longer finds
+            # (a per-call child that does work and is reaped before the next read)
+            ticks += int(fields[13]) + int(fields[14])
             for t in os.listdir(f"/proc/{p}/task"):
                 try:
                     with open(f"/proc/{p}/task/{t}/children", "rb") as f:
@@ -1431,22 +1443,49 @@ def _load(cand: CandidateProcess, st: TaskState, job: dict, io: str, stage: str)
     return reply
 
 
-def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | None, log: list[str]) -> None:
-    """After a successful load (sandbox.thread_filter): note whether the candidate's thread filter is on (and that
-    /proc agrees), and refuse threads the import or ModelNew's construction left running (threads0: the tree's
-    thread ids before the load request). Threads of the extension format's load_inline build that are still
-    exiting get 0.2 s. Raises StageFailure(FORBIDDEN, background_thread | harness_tampering)."""
+def _has_extension_module(manifest: str | None) -> bool:
+    """Whether the build manifest at `manifest` lists an extension module the sandbox built (the extension format's
+    workspace layout), so that the solution's load needs no build of its own."""
+    try:
+        with open(manifest or "") as f:
+            return any(a.get("kind") == "ext" for a in json.load(f).get("artifacts", []))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+
+
+def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | None, filters0: int | None,
+                        log: list[str]) -> None:
+    """After a successful load (sandbox.thread_filter): check that the candidate's thread filter is on and is the
+    only seccomp filter its import added (filters0: the count before the load request), and refuse threads, processes
+    or POSIX timers the import or ModelNew's construction left running (threads0: the tree's thread ids before the
+    load request; threads of the extension format's load_inline build that are still exiting get 0.2 s). A filter
+    that could not be installed after a load_inline import on a host where it works is refused too (the solution's
+    native code may have made the install fail). Raises StageFailure(FORBIDDEN, background_thread |
+    harness_tampering)."""
     if not cand.thread_filter:
         return
     state = reply.get("thread_filter")
     if state == "on":
-        if thread_filter.filter_active(cand.pid) is False:
-            msg = "the candidate reported its thread filter on, but no process of its tree runs under one"
+        filters = thread_filter.seccomp_filters(cand.pid)
+        if thread_filter.filter_active(cand.pid) is False or (
+                filters0 is not None and filters is not None and filters != filters0 + 1):
+            msg = (f"the candidate reported its thread filter on, but its process runs under {filters} seccomp "
+                   f"filter(s) where {0 if filters0 is None else filters0 + 1} (the sandbox's) were expected: a filter "
+                   "of the solution's own")
             raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("harness_tampering", msg)])
         cand.filtered = True
+    elif cand.filter_mode == "after_load" and thread_filter.works_here():
+        msg = (f"the thread filter could not be installed after the solution's import ({state or 'not reported'}), "
+               "though it installs on this host")
+        raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("harness_tampering", msg)])
     else:
         log.append(f"load: no thread filter in the candidate's process ({state or 'not reported'}): threads it "
                    "starts from here on are not refused")
+    timers = thread_filter.posix_timers(cand.pid)
+    if timers:
+        msg = (f"the solution's import or ModelNew's construction left {timers} POSIX timer(s): a native signal "
+               "handler would run work between timed calls, where no clock looks")
+        raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("background_thread", msg)])
     extra = thread_filter.new_threads(cand.pid, threads0)
     for _ in range(4):
         if not extra:

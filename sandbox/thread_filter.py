@@ -1,5 +1,5 @@
-"""No new threads (or processes) once the solution is loaded: a seccomp filter in the candidate's process, and the
-trusted side's look at the threads the load left running.
+"""No new threads, processes or timers once the solution is loaded: a seccomp filter in the candidate's process, and
+the trusted side's look at what the load left running.
 
 Why: a thread of the solution's own can run work where no clock looks. On the CPU backend, the CPU-time check of the
 time and sample requests (sandbox.reference_worker: `parallel_work`, `background_work`) charges it. On the CUDA
@@ -9,17 +9,23 @@ is seen by neither the in-process clock nor the trusted wall clock (tests/integr
 
 The defence, in two parts:
 - `make_installer()` is called in the candidate's `setup`, before any solution code exists; it builds the filter
-  program and binds the libc calls. The installer it returns runs at the end of a successful `load` (the import
-  and ModelNew's construction, where the extension format's `load_inline` build needs processes and threads).
-  From then on, any thread or process the candidate's process starts (clone, fork, vfork) kills the whole process
-  with SIGSYS (SECCOMP_RET_KILL_PROCESS); clone3 is refused with ENOSYS, so libc falls back to clone. A process
-  counts too: one made with CLONE_VM shares the memory like a thread, and a forked one could run work of its own
-  (Python-level process creation is refused earlier, by the monitor). A syscall of another ABI than the process's
-  own (i386 `int 0x80`, x32) kills it too: it would bypass the numbers checked. SECCOMP_FILTER_FLAG_TSYNC puts the
-  filter on every thread already there (the CUDA driver's included).
-- The trusted side lists the threads of the candidate's process tree (`thread_ids`, /proc/PID/task) before `load`
-  and after its reply: a thread or process started by the import or the constructor that is still running is
-  refused (`new_threads`).
+  program and binds the libc calls. The installer it returns runs just before the first `load` imports the solution
+  (every format the sandbox built: cpu, cubin, the extension format's workspace layout), or at the end of a
+  successful `load` for a `load_inline` solution, whose build in the load needs processes and threads. From then
+  on, any thread or process the candidate's process starts (clone, fork, vfork) kills the whole process with SIGSYS
+  (SECCOMP_RET_KILL_PROCESS); clone3 is refused with ENOSYS, so libc falls back to clone. A process counts too: one
+  made with CLONE_VM shares the memory like a thread, and a forked one could run work of its own (Python-level
+  process creation is refused earlier, by the monitor). So do timer_create, setitimer and alarm: a timer's signal
+  would run a native handler on the main thread between calls, with no thread at all. A syscall of another ABI
+  than the process's own (i386 `int 0x80`, x32) kills it too: it would bypass the numbers checked.
+  SECCOMP_FILTER_FLAG_TSYNC puts the filter on every thread already there (the CUDA driver's included).
+- The trusted side reads /proc before `load` and after its reply: the process must run under exactly one more
+  seccomp filter than before (`seccomp_filters`: a filter of the solution's own, e.g. one that answers the
+  harness's seccomp() with 0 to fake the install, is refused), with no POSIX timer (`posix_timers`) and no thread or
+  process of the tree that the import or the constructor started and left running (`thread_ids`, `new_threads`).
+  After a load_inline import, an install that reports failure is refused where the filter works on the host
+  (`works_here`). Residual: a load_inline solution's native code runs before its filter does, and one filter of its
+  own that fakes the install passes the count.
 
 Applied on the CUDA backend, and on the CPU backend when SandboxConfig.cpu_threads is 1 (OpenMP teams of the
 solution's own need threads beyond that; the CPU-time check covers them). Linux on x86_64 or aarch64; elsewhere
@@ -36,11 +42,15 @@ from typing import Callable
 
 # seccomp_data (linux/seccomp.h): int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
 _NR, _ARCH = 0, 4
-# per machine: (AUDIT_ARCH_*, __NR_clone, __NR_clone3, __NR_fork, __NR_vfork, __NR_seccomp, x32 bit or 0); aarch64
-# has no fork / vfork syscalls (libc makes them with clone): a number no syscall has stands in
-_NONE = 0xFFFFFFFF
-_ABI = {"x86_64": (0xC000003E, 56, 435, 57, 58, 317, 0x40000000),
-        "aarch64": (0xC00000B7, 220, 435, _NONE, _NONE, 277, 0)}
+# per machine: AUDIT_ARCH_*, the x32 bit (0: none), __NR_seccomp, __NR_clone3, and the syscalls that kill: clone,
+# fork, vfork (a thread or a process; aarch64 has no fork / vfork syscalls, libc makes them with clone) and the
+# timers that would run a native signal handler between calls without a thread (timer_create, setitimer, alarm)
+_ABI = {
+    "x86_64": dict(arch=0xC000003E, x32=0x40000000, seccomp=317, clone3=435,
+                   kill={"clone": 56, "fork": 57, "vfork": 58, "timer_create": 222, "setitimer": 38, "alarm": 37}),
+    "aarch64": dict(arch=0xC00000B7, x32=0, seccomp=277, clone3=435,
+                    kill={"clone": 220, "timer_create": 107, "setitimer": 103}),
+}
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _PR_SET_NO_NEW_PRIVS, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
 _ENOSYS = 38
@@ -50,28 +60,26 @@ _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 
 def filter_program(machine: str) -> bytes:
     """The filter as struct sock_filter[] bytes (8 bytes an instruction: u16 code, u8 jt, u8 jf, u32 k) for
-    `machine` (platform.machine()): clone, fork and vfork kill the process, clone3 fails with ENOSYS (libc then
-    uses clone), a syscall of another ABI kills it, everything else is allowed. Raises ValueError for a machine
-    not in _ABI."""
+    `machine` (platform.machine()): the syscalls of _ABI[machine]["kill"] kill the process, clone3 fails with
+    ENOSYS (libc then uses clone), a syscall of another ABI kills it, everything else is allowed. Raises ValueError
+    for a machine not in _ABI."""
     if machine not in _ABI:
         raise ValueError(f"no thread filter for machine {machine!r} (known: {', '.join(sorted(_ABI))})")
-    arch, nr_clone, nr_clone3, nr_fork, nr_vfork, _, x32 = _ABI[machine]
+    abi = _ABI[machine]
     kill = (_RET, 0, 0, _RET_KILL_PROCESS)
     prog = [
         (_LD, 0, 0, _ARCH),
-        (_JEQ, 1, 0, arch),            # another ABI (i386 int 0x80 on x86_64): kill
+        (_JEQ, 1, 0, abi["arch"]),     # another ABI (i386 int 0x80 on x86_64): kill
         kill,
         (_LD, 0, 0, _NR),
-        (_JGE, 0, 1, x32) if x32 else (_JEQ, 0, 1, _NONE),  # x32 numbers: kill
-        kill,
-        (_JEQ, 0, 1, nr_clone3),
-        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),  # clone3's flags sit in memory a filter cannot read: libc falls back
-        (_JEQ, 3, 0, nr_clone),        # a thread, or a process (one that shares the memory is a thread in all but name)
-        (_JEQ, 2, 0, nr_fork),
-        (_JEQ, 1, 0, nr_vfork),
-        (_RET, 0, 0, _RET_ALLOW),
-        kill,
     ]
+    if abi["x32"]:
+        prog += [(_JGE, 0, 1, abi["x32"]), kill]  # x32 numbers: kill
+    prog += [(_JEQ, 0, 1, abi["clone3"]),
+             (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]  # clone3's flags sit in memory a filter cannot read: libc falls back
+    nrs = sorted(abi["kill"].values())
+    prog += [(_JEQ, len(nrs) - i, 0, nr) for i, nr in enumerate(nrs)]  # each jumps to the kill at the end
+    prog += [(_RET, 0, 0, _RET_ALLOW), kill]
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
@@ -94,7 +102,7 @@ def make_installer() -> Callable[[], str]:
     libc = ctypes.CDLL(None, use_errno=True)
     prctl, syscall = libc.prctl, libc.syscall
     prctl.restype = syscall.restype = ctypes.c_long
-    nr_seccomp = _ABI[machine][5]
+    nr_seccomp = _ABI[machine]["seccomp"]
     get_errno, strerror = ctypes.get_errno, os.strerror
     keep = (prog, fprog)  # the program's memory lives as long as the installer
 
@@ -159,6 +167,54 @@ def new_threads(pid: int, before: set[tuple[int, int]] | None) -> list[str]:
         except OSError:
             continue
     return out
+
+
+def seccomp_filters(pid: int) -> int | None:
+    """The most seccomp filters any process of `pid`'s tree runs under (/proc/PID/status "Seccomp_filters", Linux
+    5.9+), or None when no status file says."""
+    best = None
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("Seccomp_filters:"):
+                        best = max(best or 0, int(line.split()[1]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return best
+
+
+def posix_timers(pid: int) -> int:
+    """POSIX timers (timer_create) of the processes of `pid`'s tree (/proc/PID/timers; 0 where unreadable): a timer
+    left by the import would run a native signal handler between timed calls."""
+    n = 0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/timers") as f:
+                n += sum(line.startswith("ID:") for line in f)
+        except OSError:
+            continue
+    return n
+
+
+_WORKS: list[bool] = []
+
+
+def works_here() -> bool:
+    """Whether the filter installs on this host (a throwaway Python process tries it; the answer is cached)."""
+    if not _WORKS:
+        import subprocess
+        import sys
+
+        code = "import sys; from sandbox.thread_filter import make_installer; sys.exit(make_installer()() != 'on')"
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, timeout=60,
+                               env={**os.environ, "PYTHONPATH": root})
+            _WORKS.append(r.returncode == 0)
+        except (OSError, subprocess.TimeoutExpired):
+            _WORKS.append(False)
+    return _WORKS[0]
 
 
 def filter_active(pid: int) -> bool | None:

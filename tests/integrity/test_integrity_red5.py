@@ -52,6 +52,37 @@ sys.stdin.readline()
 """
 
 
+_CHILD_BURN = r"""
+import subprocess, sys
+print("ready", flush=True)
+sys.stdin.readline()
+subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"])  # exits, is reaped
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_tree_cpu_clock_counts_children_that_exited_and_were_waited_for():
+    """A child that burns 0.3 s of CPU and is reaped between two reads is gone from /proc/PID/task/*/children by the
+    second read: its time is in the parent's cutime / cstime (red-team pass on the thread filter: without them, a
+    per-call child process evaded the CPU-time checks)."""
+    from sandbox.reference_worker import tree_cpu_s
+
+    p = subprocess.Popen([sys.executable, "-c", _CHILD_BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        c0 = tree_cpu_s(p.pid, precise=True)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "done"
+        c1 = tree_cpu_s(p.pid, precise=True)
+        assert c0 is not None and c1 is not None
+        assert c1 - c0 >= 0.25, (c0, c1)
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_precise_tree_cpu_clock_counts_every_thread_exited_ones_included():
     """The clock the parallel-work check reads: every thread's CPU time, threads that exited included, to well
     under the 10 ms of /proc's ticks (each of 3 threads spins 40 ms of its own CPU time, then exits)."""
@@ -133,8 +164,9 @@ def test_native_thread_started_in_forward_is_killed_by_the_thread_filter(evaluat
 
 
 def test_native_thread_started_at_load_is_refused(evaluator):
-    """parallel_helper_thread started from ModelNew's constructor (one call on a small tensor: the pthread exists
-    before the filter does): the trusted side's look at the candidate's threads after the load refuses it."""
+    """parallel_helper_thread started from ModelNew's constructor (one call on a small tensor). The cpu format needs
+    no build in its load, so the filter is on before the import and kills it there; a load_inline solution (the
+    filter after its load) is refused by the trusted side's look at the threads after the load (next test)."""
     files = adversarial("parallel_helper_thread")
     src = files["model_new.py"]
     files["model_new.py"] = src.replace("        super().__init__()\n",
@@ -143,7 +175,17 @@ def test_native_thread_started_at_load_is_refused(evaluator):
     assert files["model_new.py"] != src
     res = evaluator.evaluate(task(), files, "cpu")
     assert res.status == "forbidden" and res.reward == -1, res.message
-    assert kinds(res) == ["background_thread"] and "construction left 1 thread" in res.message, res.message
+    assert kinds(res) == ["background_thread"] and "killed by its thread filter" in res.message, res.message
+
+
+@pytest.mark.parametrize("name,kind", [("forged_thread_filter", "harness_tampering"),
+                                       ("native_timer_handler", "background_thread")])
+def test_work_outside_the_calls_without_a_thread_is_refused(evaluator, name, kind):
+    """The red-team pass on the thread filter: a seccomp filter of the solution's own that fakes the harness's
+    install, and a native signal handler driven by a POSIX timer (each solution's docstring says how)."""
+    res = evaluator.evaluate(task(), adversarial(name), "cpu")
+    assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+    assert kind in kinds(res), (res.message, res.violations)
 
 
 def test_honest_solution_is_not_parallel_work(evaluator):

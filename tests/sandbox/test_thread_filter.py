@@ -37,6 +37,13 @@ elif mode == "fork":
         os._exit(0)
 elif mode == "spawn":
     subprocess.run([sys.executable, "-c", "pass"])
+elif mode == "setitimer":
+    import signal
+    signal.setitimer(signal.ITIMER_REAL, 100.0)
+elif mode == "timer_create":
+    import ctypes
+    timer = ctypes.c_void_p()
+    ctypes.CDLL(None).timer_create(1, None, ctypes.byref(timer))  # CLOCK_MONOTONIC, SIGEV_SIGNAL SIGALRM
 print("end", flush=True)
 """
 
@@ -45,8 +52,9 @@ def _child(mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("mode", ["thread", "fork", "spawn"])
-def test_a_thread_or_process_started_under_the_filter_kills_the_process(mode):
+@pytest.mark.parametrize("mode", ["thread", "fork", "spawn", "setitimer", "timer_create"])
+def test_a_thread_process_or_timer_started_under_the_filter_kills_the_process(mode):
+    """Threads and processes, and the timers that would run a native signal handler between calls."""
     r = _child(mode)
     assert r.returncode == -signal.SIGSYS, (r.returncode, r.stdout, r.stderr)
     assert r.stdout.split("\n")[:3] == ["child process ok", "on", "early thread ran on"], r.stdout
@@ -61,7 +69,7 @@ def test_threads_from_before_run_on_under_the_filter():
 
 def test_filter_program_per_machine():
     x86, arm = thread_filter.filter_program("x86_64"), thread_filter.filter_program("aarch64")
-    assert len(x86) % 8 == 0 and len(x86) == len(arm) and x86 != arm  # other syscall numbers and arch
+    assert len(x86) % 8 == 0 and len(arm) % 8 == 0 and x86 != arm  # other syscall numbers and arch
     with pytest.raises(ValueError, match="riscv64"):
         thread_filter.filter_program("riscv64")
 
@@ -98,11 +106,14 @@ def test_new_threads_and_filter_active_seen_from_outside(mode):
         assert p.stdout.readline().strip() == "started"
         new = thread_filter.new_threads(p.pid, before)
         assert len(new) == 1 and new[0].split(" ")[0].isdigit(), new  # "TID (comm)"
+        n0 = thread_filter.seccomp_filters(p.pid)  # None on kernels before 5.9
+        assert n0 in (None, 0) and thread_filter.posix_timers(p.pid) == 0
         if mode == "filter":
             p.stdin.write("\n")
             p.stdin.flush()
             assert p.stdout.readline().strip() == "on"
             assert thread_filter.filter_active(p.pid) is True
+            assert thread_filter.seccomp_filters(p.pid) == (None if n0 is None else 1)
         p.stdin.write("\n\n")
         p.stdin.flush()
         assert p.wait(timeout=30) == 0
@@ -110,3 +121,24 @@ def test_new_threads_and_filter_active_seen_from_outside(mode):
         p.kill()
         p.wait()
     assert thread_filter.thread_ids(p.pid) is None and thread_filter.filter_active(p.pid) is None
+
+
+def test_the_filter_goes_on_before_the_import_unless_the_load_builds(tmp_path):
+    """CandidateProcess.setup's choice: before the import for every format whose build the sandbox made (cpu, cubin,
+    the extension format's workspace layout: its manifest lists an extension module), after the load for a
+    load_inline solution (it builds in its own load)."""
+    import json
+
+    from sandbox.reference_worker import _has_extension_module
+
+    built = tmp_path / "built.json"
+    built.write_text(json.dumps({"artifacts": [{"kind": "ext", "path": "/x.so", "module_name": "m"}]}))
+    inline = tmp_path / "inline.json"
+    inline.write_text(json.dumps({"artifacts": []}))
+    assert _has_extension_module(str(built)) is True
+    assert _has_extension_module(str(inline)) is False
+    assert _has_extension_module(None) is False and _has_extension_module(str(tmp_path / "missing.json")) is False
+
+
+def test_works_here():
+    assert thread_filter.works_here() is True
