@@ -1503,7 +1503,8 @@ def _raise_if_thread_started(cand: CandidateProcess, e: "CandidateDied", stage: 
     StageFailure(FORBIDDEN, background_thread); any other death returns."""
     sigsys = int(signal.SIGSYS)
     if cand.filtered and e.returncode in (-sigsys, 128 + sigsys):
-        msg = ("the candidate's process started a thread or process after its load and was killed by its thread "
+        when = "from its import on" if cand.filter_mode == "before_import" else "after its load"
+        msg = (f"the candidate's process started a thread, process or timer {when} and was killed by its thread "
                "filter (SIGSYS): a thread of the solution's own could run work between timed calls, where no clock "
                "looks")
         raise StageFailure(Status.FORBIDDEN, f"{stage}: {msg}", [Violation("background_thread", msg)]) from None
