@@ -27,8 +27,9 @@ The defence, in two parts:
   (`works_here`). Residual: a load_inline solution's native code runs before its filter does, and one filter of its
   own that fakes the install passes the count.
 
-Applied on the CUDA backend, and on the CPU backend when SandboxConfig.cpu_threads is 1 (OpenMP teams of the
-solution's own need threads beyond that; the CPU-time check covers them). Linux on x86_64 or aarch64; elsewhere
+Applied on the CPU backend when SandboxConfig.cpu_threads is 1 (SandboxConfig.thread_filter; OpenMP teams of the
+solution's own need threads beyond that, and the CPU-time check covers them), and on the CUDA backend with
+SandboxConfig.thread_filter_cuda (off by default until its gpu tests have run on an H200). Linux on x86_64 or aarch64; elsewhere
 the installer reports why it did nothing, and the trusted side logs it.
 """
 

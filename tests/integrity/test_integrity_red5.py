@@ -314,9 +314,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "heavy ele
 
 @pytest.mark.gpu
 def test_gpu_work_between_timed_calls_from_a_native_thread_is_refused(tmp_path):
-    """solutions/gpu_ext_overlap with the defaults: its helper std::thread is started in the first forward, after
-    the load, and the thread filter kills the candidate's process (background_thread); the honest twin (the same
-    kernel, no thread) keeps its reward."""
+    """solutions/gpu_ext_overlap with the thread filter on (SandboxConfig.thread_filter_cuda): its helper std::thread
+    is started in the first forward, and the filter kills the candidate's process (background_thread); the honest
+    twin (the same kernel, no thread) keeps its reward."""
     from sandbox.evaluator import Evaluator
     from sandbox.files import load_solution
 
@@ -324,7 +324,7 @@ def test_gpu_work_between_timed_calls_from_a_native_thread_is_refused(tmp_path):
 
     attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
     honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
-    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0))
+    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0, thread_filter_cuda=True))
     try:
         h = ev.evaluate(task(), honest, "extension")
         a = ev.evaluate(task(), attack, "extension")
@@ -342,7 +342,7 @@ def test_gpu_work_between_timed_calls_from_a_native_thread_is_refused(tmp_path):
                                         "checks, L2 flush), seen by neither the in-process clock nor the trusted wall "
                                         "clock")
 def test_gpu_work_between_timed_calls_gains_nothing_without_the_thread_filter(tmp_path):
-    """solutions/gpu_ext_overlap (its docstring says how) with SandboxConfig.thread_filter off: the same heavy
+    """solutions/gpu_ext_overlap (its docstring says how) with SandboxConfig.thread_filter_cuda off: the same heavy
     kernel, honest and with the next call's output computed by a helper thread between calls. Open hole when the
     attack's speed-up is above the honest interval; the test prints both (if the attack ran at all: its status
     must be ok for the comparison to mean anything)."""
@@ -353,7 +353,7 @@ def test_gpu_work_between_timed_calls_gains_nothing_without_the_thread_filter(tm
 
     attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
     honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
-    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0, thread_filter=False))
+    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0))  # the thread filter off (the CUDA default)
     try:
         h = ev.evaluate(task(), honest, "extension")
         a = ev.evaluate(task(), attack, "extension")

@@ -34,6 +34,28 @@ def gpu_evaluator(tmp_path_factory):
     ev.close()
 
 
+@pytest.fixture(scope="module")
+def filtered_evaluator(tmp_path_factory):
+    from sandbox.evaluator import Evaluator
+
+    ev = Evaluator(gpu_config(tmp_path_factory.mktemp("gpu_filtered"), thread_filter_cuda=True))
+    yield ev
+    ev.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_cubin_corpus_keeps_its_verdicts_under_the_thread_filter(filtered_evaluator, task):
+    """SandboxConfig.thread_filter_cuda on (sandbox.thread_filter: no thread, process or timer from the import on):
+    the fast and the crashing solutions keep their verdicts (nothing the CUDA driver or torch does after the import
+    starts a thread)."""
+    for variant in ("fast", "crash"):
+        res = filtered_evaluator.evaluate(load_task(CORPUS / task), load_solution(CORPUS / task / "cubin" / variant),
+                                          "cubin")
+        print(f"\n{task}/{variant} (thread filter): {res.status} {res.message[:160]} {res.log[-2:]}")
+        assert res.status == EXPECTED[variant], f"{task}/{variant}: {res.status}: {res.message}\n{res.log}"
+        assert "background_thread" not in [v.kind for v in res.violations], res.message
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("task", TASKS)
 def test_cubin_corpus(gpu_evaluator, task, variant):
@@ -68,7 +90,10 @@ def test_out_of_memory_failure_carries_the_free_memory_read_after_the_candidate_
     assert 0.5 < res.device_free_fraction <= 1, res.device_free_fraction
 
 
-def test_extension_format_three_tasks_built_in_parallel(tmp_path):
+@pytest.mark.parametrize("thread_filter", [False, True])
+def test_extension_format_three_tasks_built_in_parallel(tmp_path, thread_filter):
+    """thread_filter: SandboxConfig.thread_filter_cuda (sandbox.thread_filter; before the import for the built
+    workspaces, after the load for load_inline): honest solutions keep their verdict."""
     from sandbox.evaluator import Evaluator
 
     cases = [("elementwise_chain", "extension/fast"), ("linear_bias_relu", "extension/fast"),
@@ -76,7 +101,8 @@ def test_extension_format_three_tasks_built_in_parallel(tmp_path):
 
     def one(case):
         t, sol = case
-        with Evaluator(gpu_config(tmp_path / t, load_timeout_s=60.0, reps=5)) as ev:
+        with Evaluator(gpu_config(tmp_path / t, load_timeout_s=60.0, reps=5,
+                                  thread_filter_cuda=thread_filter)) as ev:
             return t, ev.evaluate(load_task(CORPUS / t), load_solution(CORPUS / t / sol), "extension")
 
     with cf.ThreadPoolExecutor(max_workers=3) as pool:
