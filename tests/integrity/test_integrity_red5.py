@@ -188,6 +188,19 @@ def test_work_outside_the_calls_without_a_thread_is_refused(evaluator, name, kin
     assert kind in kinds(res), (res.message, res.violations)
 
 
+@pytest.mark.xfail(strict=False, reason="open: a native signal handler driven by an asynchronous source that needs no "
+                                        "thread, process or timer syscall (perf_event_open overflow, io_uring + "
+                                        "O_ASYNC pipe) runs between timed calls; the thread filter does not see it")
+@pytest.mark.parametrize("name", ["perf_overflow_handler", "uring_sigio_handler"])
+def test_signal_handler_driven_without_a_timer_is_refused(evaluator, name):
+    """The second red-team pass on the thread filter (each solution's docstring says how): work between timed calls
+    from a native signal handler whose signals come from perf_event_open or io_uring. Open (xfail) until rt_sigaction
+    or these sources are refused once the solution is loaded."""
+    res = evaluator.evaluate(task(), adversarial(name), "cpu")
+    print(f"\n{name}: {res.status} {res.reward} {kinds(res)} {res.message[:200]}")
+    assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+
+
 def test_honest_solution_is_not_parallel_work(evaluator):
     from sandbox.files import load_solution
 

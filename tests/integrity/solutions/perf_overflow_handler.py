@@ -1,0 +1,27 @@
+"""A native SIGUSR2 handler driven by a perf_event_open task-clock counter that overflows every millisecond, its
+fd set to O_ASYNC with F_SETSIG (kernels/perf_overflow_handler.c, set up at import): no thread, no process, no
+timer syscall, so the thread filter lets it through. The handler runs on the main thread whenever the process has
+used a millisecond of CPU: in the harness's own work between timed calls and in sample requests too. The kernel
+writes zeros unless the handler has fired outside forward by the 9th call, so a correct result proves it ran there.
+Found by the second red-team pass on the thread filter (session 27).
+
+Defence: none yet (open; an xfail test). Candidates: kill rt_sigaction once the solution is loaded (every
+asynchronous route needs a handler; whether torch or Python install one lazily needs measuring), or kill the
+sources (perf_event_open, io_uring_*, mq_notify, fcntl F_SETSIG / F_SETOWN / O_ASYNC, ioctl FIOASYNC)."""
+import torch
+import torch.nn as nn
+
+from sandbox.runtime import load_kernels
+
+K = load_kernels()
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        K.timer_chain(x, out, x.numel())
+        return out
