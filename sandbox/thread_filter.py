@@ -15,8 +15,10 @@ The defence, in two parts:
   on, any thread or process the candidate's process starts (clone, fork, vfork) kills the whole process with SIGSYS
   (SECCOMP_RET_KILL_PROCESS); clone3 is refused with ENOSYS, so libc falls back to clone. A process counts too: one
   made with CLONE_VM shares the memory like a thread, and a forked one could run work of its own (Python-level
-  process creation is refused earlier, by the monitor). So do timer_create, setitimer and alarm: a timer's signal
-  would run a native handler on the main thread between calls, with no thread at all. A syscall of another ABI
+  process creation is refused earlier, by the monitor). So do rt_sigaction, timer_create, setitimer and alarm: a
+  signal handler runs code on the main thread between calls with no thread at all, and its signals can come from
+  sources no list of syscalls closes (a perf_event_open counter's overflow or an io_uring write into an O_ASYNC
+  pipe: a second red-team pass found both). A syscall of another ABI
   than the process's own (i386 `int 0x80`, x32) kills it too: it would bypass the numbers checked.
   SECCOMP_FILTER_FLAG_TSYNC puts the filter on every thread already there (the CUDA driver's included).
 - The trusted side reads /proc before `load` and after its reply: the process must run under exactly one more
@@ -44,13 +46,16 @@ from typing import Callable
 # seccomp_data (linux/seccomp.h): int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
 _NR, _ARCH = 0, 4
 # per machine: AUDIT_ARCH_*, the x32 bit (0: none), __NR_seccomp, __NR_clone3, and the syscalls that kill: clone,
-# fork, vfork (a thread or a process; aarch64 has no fork / vfork syscalls, libc makes them with clone) and the
-# timers that would run a native signal handler between calls without a thread (timer_create, setitimer, alarm)
+# fork, vfork (a thread or a process; aarch64 has no fork / vfork syscalls, libc makes them with clone), the timers
+# (timer_create, setitimer, alarm) and rt_sigaction: a signal handler runs code on the main thread between calls
+# without a thread, and its signals can come from sources no list of syscalls closes (perf_event_open overflow,
+# io_uring writes into an O_ASYNC pipe, ...)
 _ABI = {
     "x86_64": dict(arch=0xC000003E, x32=0x40000000, seccomp=317, clone3=435,
-                   kill={"clone": 56, "fork": 57, "vfork": 58, "timer_create": 222, "setitimer": 38, "alarm": 37}),
+                   kill={"clone": 56, "fork": 57, "vfork": 58, "timer_create": 222, "setitimer": 38, "alarm": 37,
+                         "rt_sigaction": 13}),
     "aarch64": dict(arch=0xC00000B7, x32=0, seccomp=277, clone3=435,
-                    kill={"clone": 220, "timer_create": 107, "setitimer": 103}),
+                    kill={"clone": 220, "timer_create": 107, "setitimer": 103, "rt_sigaction": 134}),
 }
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _PR_SET_NO_NEW_PRIVS, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
@@ -88,7 +93,7 @@ def make_installer() -> Callable[[], str]:
     """Build the filter and bind the calls that install it, now (before solution code exists); return the
     installer. The installer takes no argument, installs the filter on every thread of this process and returns
     "on", or a reason it could not ("unsupported: ..."); it never raises. Once on, the process cannot take the
-    filter off."""
+    filter off, and must leave with os._exit (Python's finalisation puts signal handlers back: rt_sigaction)."""
     machine = platform.machine()
     if machine not in _ABI or not os.path.exists("/proc/self/status"):
         reason = f"unsupported: no thread filter for {platform.system()} {machine}"
@@ -207,7 +212,8 @@ def works_here() -> bool:
         import subprocess
         import sys
 
-        code = "import sys; from sandbox.thread_filter import make_installer; sys.exit(make_installer()() != 'on')"
+        # os._exit: Python's own finalisation puts signal handlers back (rt_sigaction), which the filter kills
+        code = "import os; from sandbox.thread_filter import make_installer; os._exit(make_installer()() != 'on')"
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         try:
             r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, timeout=60,

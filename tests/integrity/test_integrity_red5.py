@@ -188,17 +188,15 @@ def test_work_outside_the_calls_without_a_thread_is_refused(evaluator, name, kin
     assert kind in kinds(res), (res.message, res.violations)
 
 
-@pytest.mark.xfail(strict=False, reason="open: a native signal handler driven by an asynchronous source that needs no "
-                                        "thread, process or timer syscall (perf_event_open overflow, io_uring + "
-                                        "O_ASYNC pipe) runs between timed calls; the thread filter does not see it")
 @pytest.mark.parametrize("name", ["perf_overflow_handler", "uring_sigio_handler"])
 def test_signal_handler_driven_without_a_timer_is_refused(evaluator, name):
     """The second red-team pass on the thread filter (each solution's docstring says how): work between timed calls
-    from a native signal handler whose signals come from perf_event_open or io_uring. Open (xfail) until rt_sigaction
-    or these sources are refused once the solution is loaded."""
+    from a native signal handler whose signals come from perf_event_open or io_uring (reward 1 before the filter
+    killed rt_sigaction). Its sigaction at import kills the process: background_thread."""
     res = evaluator.evaluate(task(), adversarial(name), "cpu")
     print(f"\n{name}: {res.status} {res.reward} {kinds(res)} {res.message[:200]}")
     assert res.status == "forbidden" and res.reward == -1, f"{name}: {res.status}: {res.message}"
+    assert kinds(res) == ["background_thread"], (res.message, res.violations)
 
 
 def test_honest_solution_is_not_parallel_work(evaluator):

@@ -37,6 +37,9 @@ elif mode == "fork":
         os._exit(0)
 elif mode == "spawn":
     subprocess.run([sys.executable, "-c", "pass"])
+elif mode == "sigaction":
+    import signal
+    signal.signal(signal.SIGUSR1, lambda *a: None)
 elif mode == "setitimer":
     import signal
     signal.setitimer(signal.ITIMER_REAL, 100.0)
@@ -45,6 +48,7 @@ elif mode == "timer_create":
     timer = ctypes.c_void_p()
     ctypes.CDLL(None).timer_create(1, None, ctypes.byref(timer))  # CLOCK_MONOTONIC, SIGEV_SIGNAL SIGALRM
 print("end", flush=True)
+os._exit(0)  # Python's finalisation puts signal handlers back (rt_sigaction): the filter would kill it
 """
 
 
@@ -52,9 +56,9 @@ def _child(mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("mode", ["thread", "fork", "spawn", "setitimer", "timer_create"])
+@pytest.mark.parametrize("mode", ["thread", "fork", "spawn", "sigaction", "setitimer", "timer_create"])
 def test_a_thread_process_or_timer_started_under_the_filter_kills_the_process(mode):
-    """Threads and processes, and the timers that would run a native signal handler between calls."""
+    """Threads and processes, signal handlers and the timers that would run one between calls."""
     r = _child(mode)
     assert r.returncode == -signal.SIGSYS, (r.returncode, r.stdout, r.stderr)
     assert r.stdout.split("\n")[:3] == ["child process ok", "on", "early thread ran on"], r.stdout
@@ -88,6 +92,9 @@ if sys.argv[1] == "filter":
     print(make_installer()(), flush=True)
     sys.stdin.readline()
 ev.set()
+t.join()
+import os
+os._exit(0)  # Python's finalisation puts signal handlers back (rt_sigaction): the filter would kill it
 """
 
 

@@ -5,9 +5,8 @@ used a millisecond of CPU: in the harness's own work between timed calls and in 
 writes zeros unless the handler has fired outside forward by the 9th call, so a correct result proves it ran there.
 Found by the second red-team pass on the thread filter (session 27).
 
-Defence: none yet (open; an xfail test). Candidates: kill rt_sigaction once the solution is loaded (every
-asynchronous route needs a handler; whether torch or Python install one lazily needs measuring), or kill the
-sources (perf_event_open, io_uring_*, mq_notify, fcntl F_SETSIG / F_SETOWN / O_ASYNC, ioctl FIOASYNC)."""
+Defence: the thread filter kills rt_sigaction once the solution is loaded (from its import on, for the
+formats the sandbox builds): the handler's install kills the process: violation "background_thread"."""
 import torch
 import torch.nn as nn
 

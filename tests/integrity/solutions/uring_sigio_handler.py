@@ -4,8 +4,8 @@ delivery runs a native handler on the main thread every millisecond (the handler
 pair), between timed calls and between requests. The kernel writes zeros unless the handler has fired outside
 forward by the 9th call. Found by the second red-team pass on the thread filter (session 27).
 
-Defence: none yet (open; an xfail test). Candidates: as solutions/perf_overflow_handler.py (kill rt_sigaction once
-loaded, or the sources: io_uring_setup / enter / register, fcntl F_SETSIG / O_ASYNC)."""
+Defence: the thread filter kills rt_sigaction once the solution is loaded (from its import on, for the
+formats the sandbox builds): the handler's install kills the process: violation "background_thread"."""
 import torch
 import torch.nn as nn
 
