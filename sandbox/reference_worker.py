@@ -657,6 +657,13 @@ def candidate_jail(ws: str, model_py: str, cfg: SandboxConfig, device: str, writ
                     hide=list(DEFAULT_HIDE) + private, conceal=[model_py])
 
 
+def _signal_number_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
 def _signal_name(rc: int | None) -> str:
     if rc is None:
         return "still running"
@@ -1129,6 +1136,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
             t1 = time.perf_counter()
             threads0 = thread_filter.thread_ids(cand.pid)
             filters0 = thread_filter.seccomp_filters(cand.pid)
+            signals0 = thread_filter.caught_signals(cand.pid)
             cand.filtered = cand.filter_mode == "before_import"  # installed as the request arrives
             reply = cand.request({"op": "load", "init_inputs": wire.encode_value(state.init_inputs, io),
                                   "state_dict": wire.encode_value(state.state_dict, io)}, job["load_timeout_s"])
@@ -1145,7 +1153,7 @@ def run_job(job: dict, cache: "collections.OrderedDict[tuple, TaskState]", cfg: 
         if not reply.get("ok"):
             raise _reply_failure(reply, "load")
         out["log"].extend(reply.get("log", []))
-        _after_load_threads(cand, reply, threads0, filters0, out["log"])
+        _after_load_threads(cand, reply, threads0, filters0, signals0, out["log"])
         out["stage_ms"]["load"] = (time.perf_counter() - t1) * 1e3
         # ---------------------------------------------------------------- verify
         t2 = time.perf_counter()
@@ -1455,11 +1463,11 @@ def _has_extension_module(manifest: str | None) -> bool:
 
 
 def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | None, filters0: int | None,
-                        log: list[str]) -> None:
+                        signals0: set[int] | None, log: list[str]) -> None:
     """After a successful load (sandbox.thread_filter): check that the candidate's thread filter is on and is the
-    only seccomp filter its import added (filters0: the count before the load request), and refuse threads, processes
-    or POSIX timers the import or ModelNew's construction left running (threads0: the tree's thread ids before the
-    load request; threads of the extension format's load_inline build that are still exiting get 0.2 s). A filter
+    only seccomp filter its import added (filters0: the count before the load request), and refuse threads, processes,
+    POSIX timers or signal handlers the import or ModelNew's construction left (signals0: the tree's caught signals
+    before the load request; threads0: the tree's thread ids before the load request; threads of the extension format's load_inline build that are still exiting get 0.2 s). A filter
     that could not be installed after a load_inline import on a host where it works is refused too (the solution's
     native code may have made the install fail). Raises StageFailure(FORBIDDEN, background_thread |
     harness_tampering)."""
@@ -1487,6 +1495,13 @@ def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | Non
         msg = (f"the solution's import or ModelNew's construction left {timers} POSIX timer(s): a native signal "
                "handler would run work between timed calls, where no clock looks")
         raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("background_thread", msg)])
+    caught = thread_filter.caught_signals(cand.pid)
+    added = sorted(caught - signals0) if caught is not None and signals0 is not None else []
+    if added:
+        names = ", ".join(_signal_number_name(n) for n in added)
+        msg = (f"the solution's import or ModelNew's construction installed a signal handler ({names}): a native "
+               "handler runs work between timed calls, where no clock looks")
+        raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("background_thread", msg)])
     extra = thread_filter.new_threads(cand.pid, threads0)
     for _ in range(4):
         if not extra:
@@ -1505,9 +1520,8 @@ def _raise_if_thread_started(cand: CandidateProcess, e: "CandidateDied", stage: 
     sigsys = int(signal.SIGSYS)
     if cand.filtered and e.returncode in (-sigsys, 128 + sigsys):
         when = "from its import on" if cand.filter_mode == "before_import" else "after its load"
-        msg = (f"the candidate's process started a thread, process or timer {when} and was killed by its thread "
-               "filter (SIGSYS): a thread of the solution's own could run work between timed calls, where no clock "
-               "looks")
+        msg = (f"the candidate's process started a thread, process, timer or signal handler {when} and was killed "
+               "by its thread filter (SIGSYS): work of its own could run between timed calls, where no clock looks")
         raise StageFailure(Status.FORBIDDEN, f"{stage}: {msg}", [Violation("background_thread", msg)]) from None
 
 

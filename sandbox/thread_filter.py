@@ -15,16 +15,19 @@ The defence, in two parts:
   on, any thread or process the candidate's process starts (clone, fork, vfork) kills the whole process with SIGSYS
   (SECCOMP_RET_KILL_PROCESS); clone3 is refused with ENOSYS, so libc falls back to clone. A process counts too: one
   made with CLONE_VM shares the memory like a thread, and a forked one could run work of its own (Python-level
-  process creation is refused earlier, by the monitor). So do rt_sigaction, timer_create, setitimer and alarm: a
-  signal handler runs code on the main thread between calls with no thread at all, and its signals can come from
-  sources no list of syscalls closes (a perf_event_open counter's overflow or an io_uring write into an O_ASYNC
-  pipe: a second red-team pass found both). A syscall of another ABI
-  than the process's own (i386 `int 0x80`, x32) kills it too: it would bypass the numbers checked.
+  process creation is refused earlier, by the monitor). So do timer_create, setitimer, alarm and an rt_sigaction
+  that installs a signal handler: a handler runs code on the main thread between calls with no thread at all, and
+  its signals can come from sources no list of syscalls closes (a perf_event_open counter's overflow or an io_uring
+  write into an O_ASYNC pipe: a second red-team pass found both). Two exceptions: a query (act NULL) is allowed, and
+  SIGABRT's reset by glibc's abort() fails with EPERM instead of killing, so an honest abort in the jail's PID 1 is
+  still a crash (filter_program). A syscall of another ABI than the process's own (i386 `int 0x80`, x32) kills it
+  too: it would bypass the numbers checked.
   SECCOMP_FILTER_FLAG_TSYNC puts the filter on every thread already there (the CUDA driver's included).
 - The trusted side reads /proc before `load` and after its reply: the process must run under exactly one more
   seccomp filter than before (`seccomp_filters`: a filter of the solution's own, e.g. one that answers the
   harness's seccomp() with 0 to fake the install, is refused), with no POSIX timer (`posix_timers`) and no thread or
-  process of the tree that the import or the constructor started and left running (`thread_ids`, `new_threads`).
+  process of the tree that the import or the constructor started and left running (`thread_ids`, `new_threads`), and
+  no signal handler the import added (`caught_signals`).
   After a load_inline import, an install that reports failure is refused where the filter works on the host
   (`works_here`). Residual: a load_inline solution's native code runs before its filter does, and one filter of its
   own that fakes the install passes the count.
@@ -45,21 +48,21 @@ from typing import Callable
 
 # seccomp_data (linux/seccomp.h): int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
 _NR, _ARCH = 0, 4
-# per machine: AUDIT_ARCH_*, the x32 bit (0: none), __NR_seccomp, __NR_clone3, and the syscalls that kill: clone,
-# fork, vfork (a thread or a process; aarch64 has no fork / vfork syscalls, libc makes them with clone), the timers
-# (timer_create, setitimer, alarm) and rt_sigaction: a signal handler runs code on the main thread between calls
-# without a thread, and its signals can come from sources no list of syscalls closes (perf_event_open overflow,
-# io_uring writes into an O_ASYNC pipe, ...)
+_ARGS = 16  # args[i] at _ARGS + 8 * i; its low 32 bits first (x86_64 and aarch64 Linux are little-endian)
+# per machine: AUDIT_ARCH_*, the x32 bit (0: none), __NR_seccomp, __NR_clone3, __NR_rt_sigaction, and the syscalls
+# that kill: clone, fork, vfork (a thread or a process; aarch64 has no fork / vfork syscalls, libc makes them with
+# clone) and the timers (timer_create, setitimer, alarm). rt_sigaction that installs a handler kills too: a signal
+# handler runs code on the main thread between calls without a thread, and its signals can come from sources no
+# list of syscalls closes (perf_event_open overflow, io_uring writes into an O_ASYNC pipe, ...)
 _ABI = {
-    "x86_64": dict(arch=0xC000003E, x32=0x40000000, seccomp=317, clone3=435,
-                   kill={"clone": 56, "fork": 57, "vfork": 58, "timer_create": 222, "setitimer": 38, "alarm": 37,
-                         "rt_sigaction": 13}),
-    "aarch64": dict(arch=0xC00000B7, x32=0, seccomp=277, clone3=435,
-                    kill={"clone": 220, "timer_create": 107, "setitimer": 103, "rt_sigaction": 134}),
+    "x86_64": dict(arch=0xC000003E, x32=0x40000000, seccomp=317, clone3=435, rt_sigaction=13,
+                   kill={"clone": 56, "fork": 57, "vfork": 58, "timer_create": 222, "setitimer": 38, "alarm": 37}),
+    "aarch64": dict(arch=0xC00000B7, x32=0, seccomp=277, clone3=435, rt_sigaction=134,
+                    kill={"clone": 220, "timer_create": 107, "setitimer": 103}),
 }
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _PR_SET_NO_NEW_PRIVS, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
-_ENOSYS = 38
+_EPERM, _ENOSYS, _SIGABRT = 1, 38, 6
 # classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K
 _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 
@@ -67,8 +70,11 @@ _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 def filter_program(machine: str) -> bytes:
     """The filter as struct sock_filter[] bytes (8 bytes an instruction: u16 code, u8 jt, u8 jf, u32 k) for
     `machine` (platform.machine()): the syscalls of _ABI[machine]["kill"] kill the process, clone3 fails with
-    ENOSYS (libc then uses clone), a syscall of another ABI kills it, everything else is allowed. Raises ValueError
-    for a machine not in _ABI."""
+    ENOSYS (libc then uses clone), a syscall of another ABI kills it. rt_sigaction: a query (act NULL) is allowed,
+    setting SIGABRT's disposition fails with EPERM (glibc's abort() resets it to SIG_DFL when its first raise comes
+    back, as it does in the PID 1 of the jail's PID namespace: the process then dies by the SIGSEGV of abort's
+    last resort, an honest crash, not a kill by the filter), any other install kills. Everything else is allowed.
+    Raises ValueError for a machine not in _ABI."""
     if machine not in _ABI:
         raise ValueError(f"no thread filter for machine {machine!r} (known: {', '.join(sorted(_ABI))})")
     abi = _ABI[machine]
@@ -84,8 +90,16 @@ def filter_program(machine: str) -> bytes:
     prog += [(_JEQ, 0, 1, abi["clone3"]),
              (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]  # clone3's flags sit in memory a filter cannot read: libc falls back
     nrs = sorted(abi["kill"].values())
-    prog += [(_JEQ, len(nrs) - i, 0, nr) for i, nr in enumerate(nrs)]  # each jumps to the kill at the end
-    prog += [(_RET, 0, 0, _RET_ALLOW), kill]
+    prog += [(_JEQ, len(nrs) - i + 1, 0, nr) for i, nr in enumerate(nrs)]  # each jumps to the kill below
+    prog += [(_JEQ, 2, 0, abi["rt_sigaction"]),  # to the rt_sigaction block
+             (_RET, 0, 0, _RET_ALLOW),
+             kill,
+             # rt_sigaction(sig, act, oldact, sigsetsize): act == NULL (both halves of args[1]) is a query
+             (_LD, 0, 0, _ARGS + 8), (_JEQ, 0, 2, 0),
+             (_LD, 0, 0, _ARGS + 12), (_JEQ, 3, 0, 0),   # to the allow at the end
+             (_LD, 0, 0, _ARGS), (_JEQ, 0, 2, _SIGABRT),  # sig is an int: its low 32 bits
+             (_RET, 0, 0, _RET_ERRNO | _EPERM),
+             (_RET, 0, 0, _RET_ALLOW), kill]
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
@@ -201,6 +215,23 @@ def posix_timers(pid: int) -> int:
         except OSError:
             continue
     return n
+
+
+def caught_signals(pid: int) -> set[int] | None:
+    """Signal numbers that some process of `pid`'s tree has a handler for (/proc/PID/status "SigCgt", a hex mask:
+    bit n-1 for signal n), or None when no status file says: a handler the import installed before a load_inline
+    solution's filter went on would run work between timed calls."""
+    out, seen = set(), False
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("SigCgt:"):
+                        seen, mask = True, int(line.split()[1], 16)
+                        out |= {n + 1 for n in range(mask.bit_length()) if mask >> n & 1}
+        except (OSError, IndexError, ValueError):
+            continue
+    return out if seen else None
 
 
 _WORKS: list[bool] = []

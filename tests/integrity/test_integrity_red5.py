@@ -378,3 +378,40 @@ def test_gpu_work_between_timed_calls_gains_nothing_without_the_thread_filter(tm
                                                                                  h.timing.speedup_eager)
     else:
         assert a.reward == -1, a.message
+
+
+_HANDLER_AT_IMPORT = r'''
+#include <signal.h>
+static void on_signal(int) {}
+// Runs when load_inline's module is loaded, before the solution's filter goes on (after its load): a handler
+// installed here would run between timed calls once a signal source (O_ASYNC, perf_event_open, ...) drives it.
+__attribute__((constructor)) static void install_handler() {
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sigaction(SIGUSR2, &sa, nullptr);
+}
+'''
+
+
+@pytest.mark.gpu
+def test_signal_handler_installed_by_a_load_inline_import_is_refused(tmp_path):
+    """A load_inline solution's native code runs before its thread filter (on after the load): a constructor that
+    installs a signal handler is refused by the trusted side's look at /proc/PID/status SigCgt after the load
+    (background_thread); the same solution without the constructor keeps its reward."""
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    honest = dict(load_solution(CORPUS / "row_softmax" / "extension" / "fast"))
+    src = honest["model_new.py"]
+    assert 'cuda_src = r"""\n' in src
+    attack = {**honest, "model_new.py": src.replace('cuda_src = r"""\n', 'cuda_src = r"""\n' + _HANDLER_AT_IMPORT)}
+    ev = Evaluator(gpu_config(tmp_path, load_timeout_s=600.0, thread_filter_cuda=True))
+    try:
+        h = ev.evaluate(task("row_softmax"), honest, "extension")
+        a = ev.evaluate(task("row_softmax"), attack, "extension")
+    finally:
+        ev.close()
+    print(f"\nhonest: {h.status} {h.message[:200]}\nattack: {a.status} {a.message[:200]}")
+    assert h.ok and not h.violations, h.message
+    assert a.status == "forbidden" and a.reward == -1, a.message
+    assert kinds(a) == ["background_thread"] and "signal handler (SIGUSR2)" in a.message, a.message

@@ -40,6 +40,17 @@ elif mode == "spawn":
 elif mode == "sigaction":
     import signal
     signal.signal(signal.SIGUSR1, lambda *a: None)
+elif mode in ("query", "sigabrt_reset", "abort"):
+    import ctypes, signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sigaction.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    act = ctypes.create_string_buffer(512)  # zeroed: SIG_DFL, no flags; larger than any struct sigaction
+    if mode == "query":
+        print("query", libc.sigaction(signal.SIGUSR1, None, act), signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, flush=True)
+    elif mode == "sigabrt_reset":
+        print("reset", libc.sigaction(signal.SIGABRT, act, None), ctypes.get_errno(), flush=True)
+    else:
+        libc.abort()
 elif mode == "setitimer":
     import signal
     signal.setitimer(signal.ITIMER_REAL, 100.0)
@@ -63,6 +74,22 @@ def test_a_thread_process_or_timer_started_under_the_filter_kills_the_process(mo
     assert r.returncode == -signal.SIGSYS, (r.returncode, r.stdout, r.stderr)
     assert r.stdout.split("\n")[:3] == ["child process ok", "on", "early thread ran on"], r.stdout
     assert "new thread ran" not in r.stdout and "end" not in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["query", "sigabrt_reset"])
+def test_signal_queries_and_sigabrt_reset_do_not_kill(mode):
+    """A query (act NULL) answers; setting SIGABRT's disposition, glibc abort()'s reset, fails with EPERM."""
+    r = _child(mode)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    line = r.stdout.split("\n")[3]
+    assert line == ("query 0 True" if mode == "query" else "reset -1 1"), r.stdout
+
+
+def test_abort_under_the_filter_is_a_crash_not_a_filter_kill():
+    """An honest abort() dies by SIGABRT (in the jail's PID 1, whose first raise is ignored, by the SIGSEGV of
+    abort's last resort: the CPU corpus's layer_norm/crash covers that end to end), never by SIGSYS."""
+    r = _child("abort")
+    assert r.returncode == -signal.SIGABRT, (r.returncode, r.stdout, r.stderr)
 
 
 def test_threads_from_before_run_on_under_the_filter():
@@ -149,3 +176,25 @@ def test_the_filter_goes_on_before_the_import_unless_the_load_builds(tmp_path):
 
 def test_works_here():
     assert thread_filter.works_here() is True
+
+
+def test_caught_signals_sees_a_handler_installed_later():
+    """caught_signals reads SigCgt of the tree: a handler installed after a snapshot shows up as its number."""
+    code = ("import signal, sys\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+            "signal.signal(signal.SIGUSR2, lambda *a: None)\nprint('installed', flush=True)\nsys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        before = thread_filter.caught_signals(p.pid)
+        assert before is not None and signal.SIGINT in before and signal.SIGUSR2 not in before, before
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "installed"
+        assert thread_filter.caught_signals(p.pid) - before == {signal.SIGUSR2}
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+    assert thread_filter.caught_signals(p.pid) is None

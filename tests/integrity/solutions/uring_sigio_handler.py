@@ -4,7 +4,7 @@ delivery runs a native handler on the main thread every millisecond (the handler
 pair), between timed calls and between requests. The kernel writes zeros unless the handler has fired outside
 forward by the 9th call. Found by the second red-team pass on the thread filter (session 27).
 
-Defence: the thread filter kills rt_sigaction once the solution is loaded (from its import on, for the
+Defence: the thread filter kills an rt_sigaction that installs a handler once the solution is loaded (from its import on, for the
 formats the sandbox builds): the handler's install kills the process: violation "background_thread"."""
 import torch
 import torch.nn as nn
