@@ -5,7 +5,7 @@ stage, a per-task table, and the final kernels of the highest-reward episodes, b
     python -m cuda_agent.report RUN_DIR
 
 Records read from metrics.jsonl (see cuda_agent.rundir.MetricsLog):
-  kind "eval":    one evaluation point: tag, split ("eval" or "train"), and the KernelBench metrics of
+  kind "eval":    one evaluation point: tag, split ("eval", "train" or "rollout"), and the KernelBench metrics of
                   cuda_agent.kb_metrics (pass_rate, mean_reward, faster_than_eager, geomean_speedup_eager, ...)
   kind "rollout": one batch of training episodes: reward_mean, pass_rate, episodes_per_s, speedup_eager_geomean
   kind "stage":   a stage's start / end (event "start" | "end" | "skipped" | "not_wired"), with its duration
@@ -24,6 +24,9 @@ from typing import Any, Iterable, Mapping
 from cuda_agent.rundir import read_metrics
 
 _STAGE_COLORS = ("#f2f2f2", "#e6f0fa")
+
+
+_SPLIT_LABELS = {"eval": "held-out eval split", "train": "training tasks", "rollout": "PPO rollout tasks"}
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -87,12 +90,13 @@ def plot_series(records: list[dict], out_dir: Path) -> dict[str, Path]:
         ys = [r[roll_key] for r in rollouts if r.get(roll_key) is not None]
         if xs:
             ax.plot(xs, ys, ".-", color="tab:blue", label="training episodes", alpha=0.8)
-        for split, color, marker in (("eval", "tab:red", "o"), ("train", "tab:green", "s")):
+        for split, color, marker in (("eval", "tab:red", "o"), ("train", "tab:green", "s"),
+                                     ("rollout", "tab:olive", "D")):
             pts = [(r["elapsed_s"] / 60, r.get(eval_key)) for r in evals if r.get("split", "eval") == split
                    and r.get(eval_key) is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker + "--", color=color,
-                        label=f"evaluation ({'held-out eval split' if split == 'eval' else 'training tasks'})")
+                        label=f"evaluation ({_SPLIT_LABELS[split]})")
         if name == "pass_rate":
             for key, color, label in (("solution_rate", "tab:orange", "wrote model_new.py"),
                                       ("build_rate", "tab:brown", "solution built")):
@@ -277,7 +281,8 @@ def build_report(run_dir: str | Path) -> Path:
     lines += ["## Evaluation on the held-out split after each stage", "",
               "Mean milestone reward (-1 failed, 0 correct, 1 faster than eager, 2 faster than torch.compile too, "
               "3 at least 5% faster than both) and pass rate on the fixed evaluation split, whose tasks have no "
-              "demonstrations.", "",
+              "demonstrations (split \"eval\"; \"train\": a probe of training tasks with demonstrations; "
+              "\"rollout\": the tasks the PPO stages sample, where the reward is learned).", "",
               "Before a small model passes at all, three earlier figures show what it has learned: the share of "
               "episodes with a well-formed tool call, whose workspace holds a model_new.py, and whose solution "
               "built. A model trained from scratch for minutes (the smoke preset) is expected to score -1 "
@@ -336,6 +341,12 @@ def build_report(run_dir: str | Path) -> Path:
     lines += ["## Per task (held-out evaluation split)", "", "Reward (sandbox status) at each evaluation point.", ""]
     lines += _per_task_table(points, "eval")
     lines.append("")
+    if any(p.get("split") == "rollout" for p in points):
+        lines += ["## Per task (the PPO stages' rollout tasks)", "",
+                  "The tasks the PPO stages sample (RUN/tasks/rollout.jsonl; with tasks.rollout_composed, fresh "
+                  "compositions with no demonstrations): what the reward teaches on the tasks it comes from.", ""]
+        lines += _per_task_table(points, "rollout")
+        lines.append("")
 
     # kernels
     k = int(state.get("top_kernels", 5))

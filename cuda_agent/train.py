@@ -53,6 +53,9 @@ OFFLINE_STAGES = ("warm_start", "rft", "value_pretrain")
 PPO_STAGES = ("single_turn_ppo", "multi_turn_ppo")
 
 
+# evaluation splits -> their task file in RUN/tasks (written by Trainer._prepare)
+_SPLIT_FILES = {"eval": "eval.jsonl", "train": "train_probe.jsonl", "rollout": "rollout.jsonl"}
+
 class Interrupted(Exception):
     """The user asked the run to stop (Ctrl-C / SIGTERM)."""
 
@@ -408,6 +411,8 @@ class TrainDriver:
             self._evaluate(f"after_{stage}", self.state["policy"])
             if self.cfg.eval.on_train_tasks and (self.run_dir / "tasks" / "train_probe.jsonl").exists():
                 self._evaluate(f"after_{stage}", self.state["policy"], split="train")
+            if self.cfg.eval.on_rollout_tasks and (self.run_dir / "tasks" / "rollout.jsonl").exists():
+                self._evaluate(f"after_{stage}", self.state["policy"], split="rollout")
 
     def _run_offline(self, stage: str, st: dict) -> bool:
         """Stages 0, 2 and 3 in a stage_worker process; returns whether the policy changed."""
@@ -484,8 +489,9 @@ class TrainDriver:
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def _evaluate(self, tag: str, policy: str, split: str = "eval", updates: int | None = None) -> dict | None:
-        """`cuda-agent eval` on the evaluation split (or the training probe) in a child process, waited for; logs
-        the KernelBench metrics as a kind="eval" record and keeps eval/<tag>.json and the episode rows."""
+        """`cuda-agent eval` on the evaluation split ("eval"), the training probe ("train") or the PPO rollout tasks
+        ("rollout") in a child process, waited for; logs the KernelBench metrics as a kind="eval" record and keeps
+        eval/<tag>.json and the episode rows."""
         h = self._eval_start(tag, policy, split, updates)
         if h is None:
             return None
@@ -497,11 +503,11 @@ class TrainDriver:
         from cuda_agent.services import eval_args, eval_spec
 
         cfg = self.cfg
-        full_tag = tag if split == "eval" else f"{tag}-train"
+        full_tag = tag if split == "eval" else f"{tag}-{split}"
         if full_tag in self.state.setdefault("evals", []):
             return None
         e = cfg.eval
-        tasks = self.run_dir / "tasks" / ("eval.jsonl" if split == "eval" else "train_probe.jsonl")
+        tasks = self.run_dir / "tasks" / _SPLIT_FILES[split]
         out = self.run_dir / "eval_runs" / full_tag
         shutil.rmtree(out, ignore_errors=True)
         args = [*eval_args(cfg, policy, tasks, out, self.fmt), "--sandbox", self.sandbox_endpoint, "--tag", full_tag,

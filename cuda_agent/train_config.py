@@ -264,6 +264,10 @@ class EvalSpec:
     max_context_tokens: int = 8192
     on_train_tasks: int = 0
     """Also evaluate on this many training tasks (learning on seen tasks, next to the held-out split)."""
+    on_rollout_tasks: bool = False
+    """Also evaluate on the PPO stages' rollout tasks (the run's tasks/rollout.jsonl) after each stage: what the RL
+    stages learn on the tasks they sample. With tasks.rollout_composed these have no demonstrations, so a gain
+    there is the reward's doing, not the warm start's; the held-out split shows whether it carries over."""
     timeout_s: float = 900.0
 
     def __post_init__(self) -> None:

@@ -63,6 +63,7 @@ import gc
 import json
 import math
 import os
+import platform
 import secrets
 import signal
 import statistics
@@ -1483,6 +1484,7 @@ def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | Non
                    "of the solution's own")
             raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("harness_tampering", msg)])
         cand.filtered = True
+        _check_filter_program(cand)
     elif cand.filter_mode == "after_load" and thread_filter.works_here():
         msg = (f"the thread filter could not be installed after the solution's import ({state or 'not reported'}), "
                "though it installs on this host")
@@ -1512,6 +1514,27 @@ def _after_load_threads(cand: CandidateProcess, reply: dict, threads0: set | Non
         msg = (f"the solution's import or ModelNew's construction left {len(extra)} thread(s) of its own running "
                f"({', '.join(extra[:4])}): work of a thread runs outside the timed calls, where no clock looks")
         raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("background_thread", msg)])
+
+
+def _check_filter_program(cand: CandidateProcess) -> None:
+    """Where this host can read a seccomp filter back (thread_filter.programs_readable_here: root, no filter on the
+    trusted side), the candidate's newest filter must be the sandbox's program, byte for byte: a filter of the
+    solution's own that answers the harness's seccomp() with 0 has the right count (one) but another program (a
+    load_inline solution's native code runs before its filter). A candidate that cannot be read where a throwaway
+    process can (traced by a process of its own, ...) is refused too. Raises StageFailure(FORBIDDEN,
+    harness_tampering)."""
+    if not thread_filter.programs_readable_here():
+        return
+    progs, why = thread_filter.installed_programs(cand.pid)
+    if progs is None and not cand.alive():
+        return  # it died after its reply: the next request says how
+    want = thread_filter.filter_program(platform.machine())
+    if progs is None or not progs or any(p != want for p in progs):
+        msg = ("the candidate's newest seccomp filter is not the sandbox's thread filter "
+               + (f"(it could not be read: {why})" if progs is None else
+                  "(none found)" if not progs else f"({len(progs[0]) // 8} instructions, another program)")
+               + ": a filter of the solution's own faked the install")
+        raise StageFailure(Status.FORBIDDEN, f"load: {msg}", [Violation("harness_tampering", msg)])
 
 
 def _raise_if_thread_started(cand: CandidateProcess, e: "CandidateDied", stage: str) -> None:

@@ -29,8 +29,10 @@ The defence, in two parts:
   process of the tree that the import or the constructor started and left running (`thread_ids`, `new_threads`), and
   no signal handler the import added (`caught_signals`).
   After a load_inline import, an install that reports failure is refused where the filter works on the host
-  (`works_here`). Residual: a load_inline solution's native code runs before its filter does, and one filter of its
-  own that fakes the install passes the count.
+  (`works_here`). Where the trusted side can read a filter back (`installed_programs`: ptrace
+  PTRACE_SECCOMP_GET_FILTER, root with no filter of its own; `programs_readable_here`), the newest filter must be
+  this module's program byte for byte, which closes the load_inline case of one filter of the solution's own that
+  fakes the install (the count alone cannot tell it). Residual, where it cannot read it back: that case.
 
 Applied on the CPU backend when SandboxConfig.cpu_threads is 1 (SandboxConfig.thread_filter; OpenMP teams of the
 solution's own need threads beyond that, and the CPU-time check covers them), and on the CUDA backend with
@@ -270,3 +272,90 @@ def filter_active(pid: int) -> bool | None:
         except (OSError, IndexError):
             continue
     return False if seen else None
+
+
+# ptrace(2) requests; PTRACE_SECCOMP_GET_FILTER (linux/ptrace.h) reads a task's classic BPF filter back
+_PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT, _PTRACE_SECCOMP_GET_FILTER = 17, 0x4206, 0x4207, 0x420C
+_WALL = 0x40000000
+
+
+def _status_fields(pid: int, *names: str) -> dict[str, str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in names:
+                    out[key] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def installed_programs(pid: int) -> tuple[list[bytes] | None, str]:
+    """The newest seccomp filter program (struct sock_filter[] bytes, as `filter_program` makes them) of each
+    filtered process of `pid`'s tree, read back with ptrace(PTRACE_SECCOMP_GET_FILTER, index 0): the process is
+    seized, stopped for the read (microseconds; a blocked read restarts) and let go. Returns (programs, "") or
+    (None, why): the read needs CAP_SYS_ADMIN, a reader under no seccomp filter of its own and a kernel with
+    CONFIG_CHECKPOINT_RESTORE; why starts with "traced by" when another tracer holds the process. Never raises.
+    Who uses it: the trusted side after a load, so that a filter of the solution's own that fakes the install (one
+    filter, the count right) is told from the sandbox's (sandbox.reference_worker._after_load_threads)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ptrace = libc.ptrace
+    ptrace.restype = ctypes.c_long
+    ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    progs = []
+    for p in tree_pids(pid):
+        st = _status_fields(p, "Seccomp", "TracerPid")
+        if st.get("Seccomp") != "2":
+            continue
+        if st.get("TracerPid", "0") != "0":
+            return None, f"traced by process {st['TracerPid']}"
+        if ptrace(_PTRACE_SEIZE, p, None, None) != 0:
+            return None, f"ptrace(PTRACE_SEIZE, {p}): {os.strerror(ctypes.get_errno())}"
+        try:
+            if ptrace(_PTRACE_INTERRUPT, p, None, None) != 0:
+                return None, f"ptrace(PTRACE_INTERRUPT, {p}): {os.strerror(ctypes.get_errno())}"
+            try:
+                os.waitpid(p, _WALL)
+            except ChildProcessError:
+                return None, f"process {p} is gone"
+            n = ptrace(_PTRACE_SECCOMP_GET_FILTER, p, ctypes.c_void_p(0), None)
+            if n <= 0:
+                return None, f"ptrace(PTRACE_SECCOMP_GET_FILTER, {p}): {os.strerror(ctypes.get_errno())}"
+            buf = ctypes.create_string_buffer(8 * n)
+            if ptrace(_PTRACE_SECCOMP_GET_FILTER, p, ctypes.c_void_p(0), buf) != n:
+                return None, f"ptrace(PTRACE_SECCOMP_GET_FILTER, {p}): {os.strerror(ctypes.get_errno())}"
+            progs.append(buf.raw)
+        finally:
+            ptrace(_PTRACE_DETACH, p, None, 0)
+    return progs, ""
+
+
+_READABLE: list[bool] = []
+
+
+def programs_readable_here() -> bool:
+    """Whether this process can read a seccomp filter back (installed_programs) from a throwaway filtered Python
+    process (cached): where it can, a candidate whose filter cannot be read was made unreadable by its solution."""
+    if not _READABLE:
+        import subprocess
+        import sys
+
+        code = ("import os, sys; from sandbox.thread_filter import make_installer; print(make_installer()(), "
+                "flush=True); sys.stdin.readline(); os._exit(0)")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            p = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": root})
+        except OSError:
+            _READABLE.append(False)
+            return False
+        try:
+            ok = p.stdout.readline().strip() == "on"
+            progs, _ = installed_programs(p.pid) if ok else (None, "")
+            _READABLE.append(progs == [filter_program(platform.machine())])
+        finally:
+            p.kill()
+            p.wait()
+    return _READABLE[0]

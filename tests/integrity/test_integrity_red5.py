@@ -415,3 +415,45 @@ def test_signal_handler_installed_by_a_load_inline_import_is_refused(tmp_path):
     assert h.ok and not h.violations, h.message
     assert a.status == "forbidden" and a.reward == -1, a.message
     assert kinds(a) == ["background_thread"] and "signal handler (SIGUSR2)" in a.message, a.message
+
+
+_FORGED_FILTER_AT_IMPORT = r'''
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/filter.h>
+// A seccomp filter of the solution's own, installed when load_inline's module is loaded (before the sandbox's
+// filter goes on, after the load): it answers seccomp() with 0, so the harness's install "succeeds" and never
+// happens, and the process runs under exactly one filter, as the count expects.
+__attribute__((constructor)) static void forge_filter() {
+    static struct sock_filter prog[] = {
+        {0x20, 0, 0, 0}, {0x15, 0, 1, SYS_seccomp}, {0x06, 0, 0, 0x00050000}, {0x06, 0, 0, 0x7FFF0000}};
+    struct sock_fprog fp = {4, prog};
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    syscall(SYS_seccomp, 1, 0, &fp);
+}
+'''
+
+
+@pytest.mark.gpu
+def test_forged_filter_from_a_load_inline_import_is_refused(tmp_path):
+    """A load_inline solution's native code installs a filter of its own that fakes the sandbox's install (the
+    seccomp-filter count is right: one): the trusted side reads the candidate's newest filter back (ptrace
+    PTRACE_SECCOMP_GET_FILTER) and finds another program: harness_tampering."""
+    from sandbox import thread_filter
+    from sandbox.evaluator import Evaluator
+    from sandbox.files import load_solution
+
+    if not thread_filter.programs_readable_here():
+        pytest.skip("seccomp filters cannot be read back on this host (needs root, no filter on the trusted side)")
+    honest = dict(load_solution(CORPUS / "row_softmax" / "extension" / "fast"))
+    src = honest["model_new.py"]
+    attack = {**honest, "model_new.py": src.replace('cuda_src = r"""\n', 'cuda_src = r"""\n' + _FORGED_FILTER_AT_IMPORT)}
+    ev = Evaluator(gpu_config(tmp_path, load_timeout_s=600.0, thread_filter_cuda=True))
+    try:
+        a = ev.evaluate(task("row_softmax"), attack, "extension")
+    finally:
+        ev.close()
+    print(f"\nattack: {a.status} {a.message[:300]}")
+    assert a.status == "forbidden" and a.reward == -1, a.message
+    assert kinds(a) == ["harness_tampering"] and "not the sandbox's thread filter" in a.message, a.message

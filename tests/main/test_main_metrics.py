@@ -106,17 +106,21 @@ def _write_run(tmp_path):
          "files": {"model_new.py": "x = 1\n"}},
         {"task_id": "e2", "level": 2, "reward": 1.0, "status": "finished",
          "final": {"status": "ok", "speedup_eager": 1.4, "speedup_compile": 0.8},
-         "files": {"model_new.py": "import torch\n", "kernels/k.cpp": "extern \"C\" void k() {}\n"}}]}
+         "files": {"model_new.py": "import torch\n", "kernels/k.cpp": "extern \"C\" void k() {}\n"}}],
+        "eval-after_warm_start-rollout": [
+        {"task_id": "fresh_r1", "level": 2, "reward": 0.0, "status": "finished", "final": {"status": "ok"},
+         "files": {"model_new.py": "import torch\n"}}]}
     for order, (tag, rs) in enumerate(rows.items()):
+        split = "rollout" if tag.endswith("-rollout") else "eval"
         with open(run.episodes_path(tag), "w") as f:
             for r in rs:
                 f.write(json.dumps(r) + "\n")
         m = kernelbench_metrics([sample_from_result_row(r) for r in rs])
         per_task = {r["task_id"]: {"reward": r["reward"], "status": r["final"]["status"],
                                    "speedup_eager": r["final"].get("speedup_eager")} for r in rs}
-        run.eval_path(tag[5:]).write_text(json.dumps({"tag": tag[5:], "split": "eval", "order": order, "updates": 5,
+        run.eval_path(tag[5:]).write_text(json.dumps({"tag": tag[5:], "split": split, "order": order, "updates": 5,
                                                       "metrics": m, "per_task": per_task}))
-        ml.log("eval", "warm_start", 5, tag=tag[5:], split="eval",
+        ml.log("eval", "warm_start", 5, tag=tag[5:], split=split,
                **{k: v for k, v in m["overall"].items() if not isinstance(v, dict)})
     for i in range(3):
         ml.log("rollout", "single_turn_ppo", 6 + i, reward_mean=-1.0 + 0.5 * i, pass_rate=0.1 * i, episodes=8,
@@ -140,9 +144,13 @@ def test_report_from_metrics_jsonl(tmp_path):
         assert f"plots/{name}.png" in text
     assert "| after_warm_start | eval | 5 | 2 | 0.000 | 50.0% |" in text  # mean reward (-1 + 1) / 2, pass 1 of 2
     assert "| e2 | +1.0 (ok) | 1.40 |" in text  # per-task table
+    # the PPO rollout tasks: their own row in the stage table and their own per-task table, after the held-out one
+    assert "| after_warm_start-rollout | rollout | 5 | 1 | 0.000 | 100.0% |" in text
+    rollout_part = text[text.index("## Per task (the PPO stages' rollout tasks)"):]
+    assert "| fresh_r1 | +0.0 (ok) | - |" in rollout_part and "| e2 |" not in rollout_part.split("## ")[1]
     # the best episode's kernel is kept for audit, in the report and as files
     assert (run.root / "kernels" / "01-e2" / "kernels" / "k.cpp").read_text().startswith('extern "C"')
-    assert text.index("1. e2") < text.index("2. e1")
+    assert text.index("1. e2") < text.index("2. fresh_r1") < text.index("3. e1")  # every split's episodes
     # TensorBoard got the scalars
     assert any(p.name.startswith("events.out.tfevents") for p in (run.root / "tb").iterdir())
 

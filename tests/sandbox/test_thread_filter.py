@@ -4,6 +4,7 @@ snapshot."""
 
 from __future__ import annotations
 
+import os
 import platform
 import signal
 import subprocess
@@ -198,3 +199,56 @@ def test_caught_signals_sees_a_handler_installed_later():
         p.kill()
         p.wait()
     assert thread_filter.caught_signals(p.pid) is None
+
+
+_FILTERED = r"""
+import ctypes, os, struct, sys
+from sandbox.thread_filter import make_installer
+mode = sys.argv[1]
+if mode == "traced":
+    ctypes.CDLL(None).ptrace(0, 0, None, None)  # PTRACE_TRACEME: the parent, this test, becomes the tracer
+if mode == "own":  # a filter of its own that allows everything (one BPF_RET ALLOW), not the sandbox's
+    prog = ctypes.create_string_buffer(struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000))
+    class F(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    libc = ctypes.CDLL(None)
+    libc.prctl(38, 1, 0, 0, 0)
+    print("on" if libc.syscall(317, 1, 0, ctypes.byref(F(1, ctypes.addressof(prog)))) == 0 else "off", flush=True)
+elif mode != "none":
+    print(make_installer()(), flush=True)
+else:
+    print("on", flush=True)
+sys.stdin.readline()
+os._exit(0)
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the test's own filter uses x86_64's seccomp number")
+@pytest.mark.parametrize("mode", ["sandbox", "own", "traced", "none"])
+def test_installed_programs_reads_the_filter_back(mode):
+    """The trusted side's read of a candidate's filter (ptrace PTRACE_SECCOMP_GET_FILTER): the sandbox's program
+    byte for byte, another program for a filter of the process's own, no answer for a process another tracer
+    holds, nothing for an unfiltered one."""
+    if not thread_filter.programs_readable_here():
+        pytest.skip("seccomp filters cannot be read back here (needs root and no seccomp filter on this process)")
+    p = subprocess.Popen([sys.executable, "-c", _FILTERED, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "on"
+        progs, why = thread_filter.installed_programs(p.pid)
+        if mode == "sandbox":
+            assert progs == [thread_filter.filter_program("x86_64")] and why == ""
+        elif mode == "own":
+            assert progs is not None and len(progs) == 1 and progs[0] != thread_filter.filter_program("x86_64")
+            assert len(progs[0]) == 8
+        elif mode == "traced":
+            assert progs is None and why == f"traced by process {os.getpid()}", why
+        else:
+            assert progs == [] and why == ""
+        p.stdin.write("\n")
+        p.stdin.flush()
+        if mode != "traced":  # a tracee that gets no ptrace handling from its tracer may stop on its way out
+            assert p.wait(timeout=30) == 0  # the read let it go: it runs on and exits normally
+    finally:
+        p.kill()
+        p.wait()
