@@ -313,13 +313,18 @@ def installed_programs(pid: int) -> tuple[list[bytes] | None, str]:
             return None, f"traced by process {st['TracerPid']}"
         if ptrace(_PTRACE_SEIZE, p, None, None) != 0:
             return None, f"ptrace(PTRACE_SEIZE, {p}): {os.strerror(ctypes.get_errno())}"
+        resend = 0  # a signal that arrived as the process stopped is handed back on detach, not dropped
         try:
             if ptrace(_PTRACE_INTERRUPT, p, None, None) != 0:
                 return None, f"ptrace(PTRACE_INTERRUPT, {p}): {os.strerror(ctypes.get_errno())}"
             try:
-                os.waitpid(p, _WALL)
+                _, status = os.waitpid(p, _WALL)
             except ChildProcessError:
                 return None, f"process {p} is gone"
+            if not os.WIFSTOPPED(status):
+                return None, f"process {p} is gone"
+            if status >> 16 == 0:  # a signal-delivery stop, not the interrupt's PTRACE_EVENT_STOP
+                resend = os.WSTOPSIG(status)
             n = ptrace(_PTRACE_SECCOMP_GET_FILTER, p, ctypes.c_void_p(0), None)
             if n <= 0:
                 return None, f"ptrace(PTRACE_SECCOMP_GET_FILTER, {p}): {os.strerror(ctypes.get_errno())}"
@@ -328,7 +333,7 @@ def installed_programs(pid: int) -> tuple[list[bytes] | None, str]:
                 return None, f"ptrace(PTRACE_SECCOMP_GET_FILTER, {p}): {os.strerror(ctypes.get_errno())}"
             progs.append(buf.raw)
         finally:
-            ptrace(_PTRACE_DETACH, p, None, 0)
+            ptrace(_PTRACE_DETACH, p, None, ctypes.c_void_p(resend))
     return progs, ""
 
 

@@ -137,9 +137,11 @@ def test_ppo_stage_schedule_spans_every_optimiser_step_of_the_stage():
     # the stage's updates at 2 packed rows each (4 episodes a row): past the warm-up, still above 90% of the peak
     # rate at the stage's last step (a bound of 4 steps an update had reached the floor halfway)
     assert float(sched(spec.updates * 4 * 2 - 1)) > 0.9 * spec.lr
-    # the preset as it is (one step an update): no warm-up, so the first update is applied at the full rate (a
-    # warm-up of `updates` steps ran it at 0)
-    lc1 = learner_config(load_config(TrainConfig, preset_path("local")), "single_turn_ppo")
+    # one step an update, 3 updates (4 episodes, 1 epoch: as the preset was before session 28): no warm-up, so the
+    # first update is applied at the full rate (a warm-up of `updates` steps ran it at 0)
+    lc1 = learner_config(load_config(TrainConfig, preset_path("local"), [
+        "stages.single_turn_ppo.episodes_per_update=4", "stages.single_turn_ppo.updates=3", "learner.ppo.epochs=1"]),
+        "single_turn_ppo")
     _, sched1 = make_optimizer(lc1.policy_optim)
     assert lc1.policy_optim.warmup_steps == 0 and float(sched1(0)) == pytest.approx(spec.lr)
 
@@ -149,14 +151,16 @@ def test_group_baseline_needs_groups_of_episodes():
     from cuda_agent.train import preset_path
     from cuda_agent.train_config import TrainConfig
 
-    with pytest.raises(ValueError, match="actor.group_size >= 2"):
-        load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group"])
-    cfg = load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=4"])
+    # the local preset uses the group baseline, in groups of 4
+    cfg = load_config(TrainConfig, preset_path("local"))
     assert (cfg.learner.ppo.baseline, cfg.actor.group_size) == ("group", 4)
-    # local: 8 episodes an update, multi-turn 4, one actor: groups of 3 would straddle updates
-    with pytest.raises(ValueError, match=r"stages.single_turn_ppo.episodes_per_update \(8\) over 1 actor\(s\) is 8"):
-        load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=3"])
+    with pytest.raises(ValueError, match="actor.group_size >= 2"):
+        load_config(TrainConfig, preset_path("local"), ["actor.group_size=1"])
+    # local: 32 episodes an update, multi-turn 8, one actor: groups of 3 would straddle updates
+    with pytest.raises(ValueError, match=r"stages.single_turn_ppo.episodes_per_update \(32\) over 1 actor\(s\) is 32"):
+        load_config(TrainConfig, preset_path("local"), ["actor.group_size=3"])
     with pytest.raises(ValueError, match="stages.multi_turn_ppo"):
-        load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=8"])
-    load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=group", "actor.group_size=8",
-                                                    "stages.multi_turn_ppo.enabled=false"])
+        load_config(TrainConfig, preset_path("local"), ["actor.group_size=16"])
+    load_config(TrainConfig, preset_path("local"), ["actor.group_size=16", "stages.multi_turn_ppo.enabled=false"])
+    # the critic instead needs no groups
+    load_config(TrainConfig, preset_path("local"), ["learner.ppo.baseline=critic", "actor.group_size=1"])
