@@ -140,6 +140,19 @@ def make_installer() -> Callable[[], str]:
     return install
 
 
+def _status_fields(pid: int, *names: str) -> dict[str, str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in names:
+                    out[key] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
 def tree_pids(pid: int) -> list[int]:
     """Process `pid` and its descendants (children through /proc/PID/task/TID/children), `pid` first; [] when pid
     cannot be read. A candidate started through `unshare --fork` runs as the child of `pid`."""
@@ -194,16 +207,13 @@ def new_threads(pid: int, before: set[tuple[int, int]] | None) -> list[str]:
 def seccomp_filters(pid: int) -> int | None:
     """The most seccomp filters any process of `pid`'s tree runs under (/proc/PID/status "Seccomp_filters", Linux
     5.9+), or None when no status file says."""
-    best = None
+    counts = []
     for p in tree_pids(pid):
         try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("Seccomp_filters:"):
-                        best = max(best or 0, int(line.split()[1]))
-        except (OSError, IndexError, ValueError):
+            counts.append(int(_status_fields(p, "Seccomp_filters")["Seccomp_filters"]))
+        except (KeyError, ValueError):
             continue
-    return best
+    return max(counts) if counts else None
 
 
 def posix_timers(pid: int) -> int:
@@ -226,13 +236,11 @@ def caught_signals(pid: int) -> set[int] | None:
     out, seen = set(), False
     for p in tree_pids(pid):
         try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("SigCgt:"):
-                        seen, mask = True, int(line.split()[1], 16)
-                        out |= {n + 1 for n in range(mask.bit_length()) if mask >> n & 1}
-        except (OSError, IndexError, ValueError):
+            mask = int(_status_fields(p, "SigCgt")["SigCgt"], 16)
+        except (KeyError, ValueError):
             continue
+        seen = True
+        out |= {n + 1 for n in range(mask.bit_length()) if mask >> n & 1}
     return out if seen else None
 
 
@@ -260,36 +268,15 @@ def works_here() -> bool:
 def filter_active(pid: int) -> bool | None:
     """Whether a process of `pid`'s tree runs under a seccomp filter (/proc/PID/status "Seccomp: 2"), or None when
     none of their status files says."""
-    seen = False
-    for p in tree_pids(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("Seccomp:"):
-                        seen = True
-                        if line.split()[1] == "2":
-                            return True
-        except (OSError, IndexError):
-            continue
-    return False if seen else None
+    modes = [_status_fields(p, "Seccomp").get("Seccomp") for p in tree_pids(pid)]
+    if "2" in modes:
+        return True
+    return False if any(m is not None for m in modes) else None
 
 
 # ptrace(2) requests; PTRACE_SECCOMP_GET_FILTER (linux/ptrace.h) reads a task's classic BPF filter back
 _PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT, _PTRACE_SECCOMP_GET_FILTER = 17, 0x4206, 0x4207, 0x420C
 _WALL = 0x40000000
-
-
-def _status_fields(pid: int, *names: str) -> dict[str, str]:
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in names:
-                    out[key] = value.strip()
-    except OSError:
-        pass
-    return out
 
 
 def installed_programs(pid: int) -> tuple[list[bytes] | None, str]:
