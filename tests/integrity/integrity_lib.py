@@ -1,10 +1,12 @@
 """Helpers of the reward-integrity tests: adversarial solutions live in solutions/<name>.py (the model_new.py,
 with a docstring saying what it tries and which defence must catch it) plus optional kernel files
-solutions/<name>.<cpp|cu>; they run on top of a corpus task's honest kernels."""
+solutions/<name>.<cpp|cu|c> (the native ones share solutions/adversarial_native.h); they run on top of a corpus
+task's honest kernels."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from sandbox.config import SandboxConfig
@@ -21,7 +23,8 @@ def task(name: str = "elementwise_chain"):
 
 def adversarial(name: str, fmt: str = "cpu", base_task: str = "elementwise_chain") -> dict[str, str]:
     """Files of adversarial solution `name`: the base task's honest kernels, its model_new.py replaced, plus
-    solutions/<name>.<ext> as kernels/<name>.<ext> when present."""
+    solutions/<name>.<ext> as kernels/<name>.<ext> when present, with the headers of solutions/ it includes
+    (e.g. adversarial_native.h) beside it in kernels/."""
     files = dict(load_solution(CORPUS / base_task / fmt / "fast"))
     src = (SOLUTIONS / f"{name}.py").read_text()
     doc = ast.get_docstring(ast.parse(src))
@@ -30,7 +33,10 @@ def adversarial(name: str, fmt: str = "cpu", base_task: str = "elementwise_chain
     for ext in ("cpp", "cu", "c"):
         extra = SOLUTIONS / f"{name}.{ext}"
         if extra.exists():
-            files[f"kernels/{name}.{ext}"] = extra.read_text()
+            text = files[f"kernels/{name}.{ext}"] = extra.read_text()
+            for header in re.findall(r'^#include "([\w.]+\.h)"', text, flags=re.M):
+                if (SOLUTIONS / header).exists():  # a header of this folder (cuda_agent.h is the sandbox's own)
+                    files[f"kernels/{header}"] = (SOLUTIONS / header).read_text()
     return files
 
 
