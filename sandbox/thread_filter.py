@@ -46,6 +46,7 @@ import ctypes
 import os
 import platform
 import struct
+import threading
 from typing import Callable
 
 # seccomp_data (linux/seccomp.h): int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
@@ -244,25 +245,9 @@ def caught_signals(pid: int) -> set[int] | None:
     return out if seen else None
 
 
-_WORKS: list[bool] = []
-
-
 def works_here() -> bool:
-    """Whether the filter installs on this host (a throwaway Python process tries it; the answer is cached)."""
-    if not _WORKS:
-        import subprocess
-        import sys
-
-        # os._exit: Python's own finalisation puts signal handlers back (rt_sigaction), which the filter kills
-        code = "import os; from sandbox.thread_filter import make_installer; os._exit(make_installer()() != 'on')"
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        try:
-            r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, timeout=60,
-                               env={**os.environ, "PYTHONPATH": root})
-            _WORKS.append(r.returncode == 0)
-        except (OSError, subprocess.TimeoutExpired):
-            _WORKS.append(False)
-    return _WORKS[0]
+    """Whether the filter installs on this host (a throwaway Python process tries it once: `_probe_host`)."""
+    return _probe_host()[0]
 
 
 def filter_active(pid: int) -> bool | None:
@@ -324,30 +309,42 @@ def installed_programs(pid: int) -> tuple[list[bytes] | None, str]:
     return progs, ""
 
 
-_READABLE: list[bool] = []
-
-
 def programs_readable_here() -> bool:
     """Whether this process can read a seccomp filter back (installed_programs) from a throwaway filtered Python
-    process (cached): where it can, a candidate whose filter cannot be read was made unreadable by its solution."""
-    if not _READABLE:
+    process (`_probe_host`): where it can, a candidate whose filter cannot be read was made unreadable by its
+    solution."""
+    return _probe_host()[1]
+
+
+_HOST: list[tuple[bool, bool]] = []
+
+
+def _probe_host() -> tuple[bool, bool]:
+    """(the filter installs here, this process reads it back byte for byte): one throwaway Python process installs
+    the filter, reports, and waits while it is read back; the answer is cached for the life of this process."""
+    if not _HOST:
         import subprocess
         import sys
 
+        # os._exit: Python's own finalisation puts signal handlers back (rt_sigaction), which the filter kills
         code = ("import os, sys; from sandbox.thread_filter import make_installer; print(make_installer()(), "
                 "flush=True); sys.stdin.readline(); os._exit(0)")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         try:
             p = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": root})
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                 env={**os.environ, "PYTHONPATH": root})
         except OSError:
-            _READABLE.append(False)
-            return False
+            _HOST.append((False, False))
+            return _HOST[0]
+        timer = threading.Timer(60.0, p.kill)  # a probe that hangs counts as "does not work"
+        timer.start()
         try:
-            ok = p.stdout.readline().strip() == "on"
-            progs, _ = installed_programs(p.pid) if ok else (None, "")
-            _READABLE.append(progs == [filter_program(platform.machine())])
+            works = p.stdout.readline().strip() == "on"
+            progs, _ = installed_programs(p.pid) if works else (None, "")
+            _HOST.append((works, progs == [filter_program(platform.machine())]))
         finally:
+            timer.cancel()
             p.kill()
             p.wait()
-    return _READABLE[0]
+    return _HOST[0]
