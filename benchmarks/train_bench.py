@@ -6,7 +6,7 @@
     python benchmarks/train_bench.py baseline-cache                  # torch.compile baseline: fresh vs cached
     python benchmarks/train_bench.py sampled [--preset local] [--seeds 0,1,2] [--out runs/bench] [--samples 8]
                                      [--temperature 1.0] [--stages warm_start,single_turn_ppo,rft,multi_turn_ppo]
-                                     [--split eval|rollout]
+                                     [--split eval|rollout] [--mode single_turn|multi_turn]
                                                                      # each finished run's stage policies, sampled
 
 `sft` builds the preset's model and demonstrations exactly as the stage worker does and times a few optimiser
@@ -20,7 +20,9 @@ the held-out split (and on the training probe), then the mean over seeds: the me
 `cuda-agent eval --samples N --temperature T` (N samples per task: a pass rate over N x 24 samples instead of 24
 greedy answers), one evaluation at a time, and prints per stage and seed the sampled pass rate, mean milestone
 reward and pass@N (tasks with a correct sample), then the means over seeds and each stage's change against the
-warm start's in the same seed.
+warm start's in the same seed. `--mode multi_turn` runs those episodes as the agent loop (the turns and context of
+the run's multi-turn PPO stage, compile / verify / profile tools and their feedback) whatever the run's own
+eval.mode, tagged "-mt".
 """
 
 from __future__ import annotations
@@ -259,12 +261,15 @@ def _sampled_row(folder: Path) -> dict:
 
 
 def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], samples: int, temperature: float,
-                  extra: list[str], split: str = "eval") -> None:
+                  extra: list[str], split: str = "eval", mode: str | None = None) -> None:
     """Sampled evaluations of every stage policy of the finished runs under `out` (see the module doc). split:
-    "eval" (the held-out split, tasks/eval.jsonl) or "rollout" (the PPO stages' own tasks, tasks/rollout.jsonl)."""
+    "eval" (the held-out split, tasks/eval.jsonl) or "rollout" (the PPO stages' own tasks, tasks/rollout.jsonl);
+    mode: None (the run's eval.mode), "single_turn" or "multi_turn" (the agent loop, tagged "-mt")."""
     if split not in ("eval", "rollout"):
         raise ValueError(f"split must be 'eval' or 'rollout', got {split!r}")
-    tag = "" if split == "eval" else f"-{split}"
+    if mode not in (None, "single_turn", "multi_turn"):
+        raise ValueError(f"mode must be 'single_turn' or 'multi_turn', got {mode!r}")
+    tag = ("" if split == "eval" else f"-{split}") + ("-mt" if mode == "multi_turn" else "")
     from cuda_agent.config import load_config
     from cuda_agent.services import eval_args
     from cuda_agent.train_config import TrainConfig
@@ -276,6 +281,12 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
             print(f"seed {seed}: no run at {run}")
             continue
         cfg = load_config(TrainConfig, run / "config.yaml")
+        if mode is not None:
+            cfg.eval.mode = mode
+        if mode == "multi_turn":  # the episodes multi-turn PPO trained on: its turns and context
+            mt = cfg.stages.multi_turn_ppo
+            cfg.eval.max_turns = mt.max_turns
+            cfg.eval.max_context_tokens = max(cfg.eval.max_context_tokens, mt.max_context_tokens)
         fmt = json.loads((run / "state.json").read_text())["format"]
         for stage in stages:
             policy = run / "policies" / stage
@@ -300,7 +311,8 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
             results.setdefault(seed, {})[stage] = _sampled_row(folder)
     if not results:
         raise SystemExit(f"no finished run with policies under {out}")
-    print(f"\n{samples} samples per {'held-out' if split == 'eval' else 'rollout'} task at temperature {temperature:g}: "
+    print(f"\n{samples} samples per {'held-out' if split == 'eval' else 'rollout'} task at temperature {temperature:g}"
+          f"{', multi-turn' if mode == 'multi_turn' else ''}: "
           "sampled pass rate (passed / samples), mean milestone reward, pass@N (tasks with a correct sample)")
     print("\n| policy | " + " | ".join(f"seed {s}" for s in results) + " | mean pass rate | mean reward | "
           "mean pass@N | pass rate vs warm start, per seed |")
@@ -339,6 +351,8 @@ def main() -> None:
                    help="`sampled`: the stage policies to evaluate, in order")
     p.add_argument("--split", default="eval", choices=("eval", "rollout"),
                    help="`sampled`: the held-out split, or the PPO stages' own rollout tasks")
+    p.add_argument("--mode", default=None, choices=("single_turn", "multi_turn"),
+                   help="`sampled`: episodes as single replies or the multi-turn agent loop (default: the run's)")
     p.add_argument("overrides", nargs="*", help="key=value overrides for `runs` (actor overrides for `sampled`)")
     a = p.parse_intermixed_args()
     if a.what == "sft":
@@ -347,7 +361,7 @@ def main() -> None:
         bench_baseline_cache()
     elif a.what == "sampled":
         bench_sampled(a.preset, [int(x) for x in a.seeds.split(",")], Path(a.out), a.stages.split(","), a.samples,
-                      a.temperature, a.overrides, a.split)
+                      a.temperature, a.overrides, a.split, a.mode)
     else:
         bench_runs(a.preset, [int(s) for s in a.seeds.split(",")], Path(a.out), a.overrides, a.parallel)
 
