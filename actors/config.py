@@ -57,6 +57,10 @@ class AgentConfig:
     """Compiler output lines kept in a `compile` observation, counted from the first error."""
     read_file_max_chars: int = 12000
     """Longest file text `read_file` returns."""
+    verify_on_finish: bool = False
+    """Multi-turn: `finish` first verifies the workspace (the `verify` tool's job); when that fails and a turn is
+    left, the finish is refused with the verify observation and the episode goes on, so the policy sees why its
+    solution fails and may fix it. The reward is still the final evaluation's. Costs one verify job per finish."""
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"AgentConfig.mode must be one of {MODES}, got {self.mode!r}")

@@ -5,7 +5,8 @@
             -> tool calls parsed strictly (learner.chat) and run: write_file / read_file / list_files locally,
                compile / verify / profile on the sandbox nodes (actors.sandbox_stages)
             -> tool results as `tool` messages (freshly tokenized, loss mask 0)
-    end:    finish, max turns, context exhausted, wall-clock budget, or a fatal error;
+    end:    finish, max turns, context exhausted, wall-clock budget, or a fatal error (with
+            AgentConfig.verify_on_finish, a finish whose verification fails is refused while turns remain);
             then the final workspace is evaluated in full and its milestone reward is the episode's reward
             ("best" option: the best of that and every full evaluation seen).
 
@@ -141,9 +142,9 @@ class EpisodeRunner:
         self.tool_log: list[dict[str, Any]] = []
         self.best: tuple[float, int, EvalResult] | None = None
         self.stats: dict[str, Any] = {"turns": 0, "tool_calls": 0, "malformed_turns": 0, "no_call_turns": 0,
-                                      "unknown_tools": 0, "refused_writes": 0, "sampled_tokens": 0,
-                                      "truncated_turns": 0, "generate_wait_s": 0.0, "sandbox_s": 0.0,
-                                      "sandbox_calls": 0}
+                                      "unknown_tools": 0, "refused_writes": 0, "refused_finishes": 0,
+                                      "sampled_tokens": 0, "truncated_turns": 0, "generate_wait_s": 0.0,
+                                      "sandbox_s": 0.0, "sandbox_calls": 0}
         self._jobs = 0
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -247,6 +248,16 @@ class EpisodeRunner:
             self.stats["tool_calls"] += 1
             if call.name == "finish" and "finish" in self.tools:
                 bad = self._check_args(call)
+                if cfg.verify_on_finish and not last and ENTRY in self.ws.files:
+                    res = await self._stage("verify")
+                    if not res.ok:
+                        self.stats["refused_finishes"] += 1
+                        self.tool_log.append({"turn": turn, "tool": "finish", "ok": False, "status": res.status,
+                                              "error": "refused: verification failed"})
+                        text = ("finish: refused, the solution fails verification; fix it and call finish again.\n"
+                                + verify_observation(res, cfg.compile_error_lines, cfg.observation_max_chars))
+                        out.append(Message("tool", clip(text, cfg.observation_max_chars)))
+                        return out, False
                 self.tool_log.append({"turn": turn, "tool": "finish", "ok": not bad})
                 return out, True
             text_out, info = await self._tool(call, turn, last)

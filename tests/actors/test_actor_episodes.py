@@ -274,3 +274,31 @@ def test_a_refused_handover_gives_back_its_place_in_the_share_once(tokenizer, sa
     summary = run_actor(actor, [make_task("a")] * 5)
     assert summary["by_status"] == {status: 5} and actor.stats["sink_errors"] == 5
     assert actor._quota_used == 0 and summary["quota_holds"] == 0
+
+
+def test_verify_on_finish_refuses_a_failing_finish_while_turns_remain(tokenizer, sandbox_client):
+    """AgentConfig.verify_on_finish: a finish whose verification fails is refused with the verify observation and
+    the episode goes on (the policy fixes its kernel); on the last turn the finish stands and the reward is the
+    final evaluation's; off (the default) the first finish ends the episode."""
+    chat = ChatFormat(tokenizer)
+    wrong = write("kernels/chain.cpp", WRONG_KERNEL) + "\n" + write("model_new.py", MODEL_NEW) + "\n" + call("finish")
+    scripts = {"fixes": [wrong, SOLUTION + "\n" + call("finish")], "last turn": [wrong, wrong]}
+    eps, _, _ = run_episodes(tokenizer, sandbox_client, scripts, verify_on_finish=True, max_turns=2)
+
+    fixes = eps["fixes"]
+    assert fixes.status == "finished" and fixes.final.status == "ok" and fixes.reward >= 0
+    assert fixes.stats["refused_finishes"] == 1 and fixes.stats["turns"] == 2
+    refused = [t for t in fixes.tool_log if t["tool"] == "finish"]
+    assert [t["ok"] for t in refused] == [False, True] and refused[0]["status"] == "incorrect"
+    obs = [m.content for m in fixes.messages if m.role == "tool"][-1]
+    assert obs.startswith("finish: refused, the solution fails verification")
+    assert "verify: INCORRECT" in obs and "trial 0: FAIL (" in obs
+    check_token_record(fixes, chat)
+
+    last = eps["last turn"]  # the second finish is on the last turn: accepted unchecked, the final check gives -1
+    assert last.status == "finished" and last.final.status == "incorrect" and last.reward == -1.0
+    assert last.stats["refused_finishes"] == 1 and last.stats["turns"] == 2
+
+    off, _, _ = run_episodes(tokenizer, sandbox_client, {"fixes": scripts["fixes"]}, max_turns=2)
+    assert off["fixes"].stats["turns"] == 1 and off["fixes"].final.status == "incorrect"
+    assert off["fixes"].stats["refused_finishes"] == 0
