@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -270,6 +271,7 @@ def bench_sampled(preset: str, seeds: list[int], out: Path, stages: list[str], s
     if mode not in (None, "single_turn", "multi_turn"):
         raise ValueError(f"mode must be 'single_turn' or 'multi_turn', got {mode!r}")
     tag = ("" if split == "eval" else f"-{split}") + ("-mt" if mode == "multi_turn" else "")
+    tag += "".join("-" + re.sub(r"[^\w.=-]", "_", x) for x in extra)  # results of other overrides kept apart
     from cuda_agent.config import load_config
     from cuda_agent.services import eval_args
     from cuda_agent.train_config import TrainConfig

@@ -58,6 +58,15 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         raise ConfigError(f"bad configuration: {e}") from None
 
 
+def config_path_and_overrides(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Split command-line arguments `[CONFIG.yaml] [key=value ...]`: the first is the config file when it has no
+    "=" or names an existing file (a run folder's path may hold "="), the rest are overrides."""
+    items = list(args)
+    if items and ("=" not in items[0] or Path(items[0]).is_file()):
+        return items[0], items[1:]
+    return None, items
+
+
 def to_yaml(cfg: Any) -> str:
     """The resolved config as YAML text (saved into each run folder)."""
     if not dataclasses.is_dataclass(cfg):

@@ -868,10 +868,9 @@ def run_node(cfg: ServiceConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m sandbox.service [config.yaml] [key=value ...]` (the same as `cuda-agent sandbox serve`)."""
-    from cuda_agent.config import load_config
+    from cuda_agent.config import config_path_and_overrides, load_config
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    path = args.pop(0) if args and "=" not in args[0] else None
+    path, args = config_path_and_overrides(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(ServiceConfig, path, args)
     return run_node(cfg)

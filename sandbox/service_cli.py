@@ -32,7 +32,7 @@ def serve_cmd(
     """Serve sandbox jobs (build, verify, profile, reward) to actors over ZeroMQ until SIGTERM (then drain)."""
     import logging
 
-    from cuda_agent.config import ConfigError, load_config
+    from cuda_agent.config import ConfigError, config_path_and_overrides, load_config
     from protocol.auth import init_keys as make_keys
     from sandbox.service import ServiceConfig, run_node
 
@@ -43,8 +43,7 @@ def serve_cmd(
         typer.echo(f"client: curve_secret_key={paths['client_client_secret_key']} "
                    f"server_public_key={paths['server_public_key']}")
         return
-    items = list(args or [])
-    path = items.pop(0) if items and "=" not in items[0] else None
+    path, items = config_path_and_overrides(args or [])
     try:
         cfg = load_config(ServiceConfig, path, items)
     except (ConfigError, ValueError, FileNotFoundError) as e:

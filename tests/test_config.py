@@ -58,6 +58,21 @@ def test_missing_and_malformed_files_and_the_override_at_fault_are_named(tmp_pat
     assert "good.yaml" not in str(e.value)  # the file is fine: the override is blamed, not the preset
 
 
+def test_a_config_path_with_an_equals_sign_is_a_path_not_an_override(tmp_path):
+    """`cuda-agent sandbox serve RUN/x=y/sandbox.yaml key=value`: a run folder may hold "=" in its name."""
+    from cuda_agent.config import config_path_and_overrides
+
+    odd = tmp_path / "agent.verify_on_finish=true" / "sandbox.yaml"
+    odd.parent.mkdir()
+    odd.write_text("workers: 3\n")
+    assert config_path_and_overrides([str(odd), "name=x"]) == (str(odd), ["name=x"])
+    assert config_path_and_overrides(["workers=2", "name=x"]) == (None, ["workers=2", "name=x"])
+    assert config_path_and_overrides(["plain.yaml"]) == ("plain.yaml", [])
+    assert config_path_and_overrides([]) == (None, [])
+    path, items = config_path_and_overrides([str(odd), "name=x"])
+    assert load_config(_Cfg, path, items).workers == 3
+
+
 @pytest.mark.parametrize("name", ["local", "smoke", "h200", "multihost"])
 def test_every_train_preset_loads_and_validates(name):
     """Each preset `cuda-agent train --preset NAME` offers loads into TrainConfig with its validation (a preset a
