@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from actors.config import AgentConfig
-from actors.observations import (clip, compile_observation, profile_observation, result_summary,
-                                 verify_observation)
+from actors.observations import (clip, compile_observation, profile_observation, refused_finish_observation,
+                                 result_summary, verify_observation)
 from actors.sandbox_stages import SandboxStages, SandboxUnavailable
 from actors.skill import MULTI_TURN_TOOLS, SINGLE_TURN_TOOLS, system_prompt, task_prompt
 from actors.workspace import ENTRY, AgentWorkspace, WorkspaceRuleError
@@ -81,8 +81,14 @@ class Episode:
         return self.status in TRAINABLE
 
     def reward_details(self) -> dict[str, Any]:
-        return {**result_summary(self.final), "reward": float(self.reward), "reward_source": self.reward_source,
-                "episode_status": self.status}
+        """result_summary of the final evaluation, the reward and its source, the episode status, and for a final
+        result that is not ok "observation": its verify observation (the text the `verify` tool shows; RFT's repair
+        sequences quote it: learner.stages.repair_pairs)."""
+        out = {**result_summary(self.final), "reward": float(self.reward), "reward_source": self.reward_source,
+               "episode_status": self.status}
+        if self.final is not None and not self.final.ok:
+            out["observation"] = verify_observation(self.final)
+        return out
 
     def trajectory(self, actor_id: str) -> Trajectory:
         """The protocol message the learner trains on (raises ProtocolError if a field is malformed)."""
@@ -254,9 +260,8 @@ class EpisodeRunner:
                         self.stats["refused_finishes"] += 1
                         self.tool_log.append({"turn": turn, "tool": "finish", "ok": False, "status": res.status,
                                               "error": "refused: verification failed"})
-                        text = ("finish: refused, the solution fails verification; fix it and call finish again.\n"
-                                + verify_observation(res, cfg.compile_error_lines, cfg.observation_max_chars))
-                        out.append(Message("tool", clip(text, cfg.observation_max_chars)))
+                        text = verify_observation(res, cfg.compile_error_lines, cfg.observation_max_chars)
+                        out.append(Message("tool", refused_finish_observation(text, cfg.observation_max_chars)))
                         return out, False
                 self.tool_log.append({"turn": turn, "tool": "finish", "ok": not bad})
                 return out, True

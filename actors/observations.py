@@ -93,6 +93,15 @@ def verify_observation(res: EvalResult, error_lines: int = 12, max_chars: int = 
     return clip(text + "\n" + trial_lines(res), max_chars)
 
 
+REFUSED_FINISH = "finish: refused, the solution fails verification; fix it and call finish again."
+
+
+def refused_finish_observation(verify_text: str, max_chars: int = 3000) -> str:
+    """What the agent reads when AgentConfig.verify_on_finish refuses its finish: REFUSED_FINISH, then the verify
+    observation of the workspace (`verify_observation`)."""
+    return clip(REFUSED_FINISH + "\n" + verify_text, max_chars)
+
+
 def profile_observation(res: EvalResult, error_lines: int = 12, max_chars: int = 3000) -> str:
     if not res.ok:
         return clip(_failure("profile", res, error_lines), max_chars)

@@ -160,6 +160,25 @@ def demo_messages(task: Task, files: dict[str, str], fmt: str, mode: str, max_tu
             Message("assistant", "\n".join(parts))]
 
 
+def repair_messages(task: Task, failed_reply: str, observation: str, fixed_reply: str, fmt: str, max_turns: int = 0,
+                    skill: str = "full"):
+    """A two-turn multi-turn chat (learner.chat.Message list) that repairs a failed solution, built from the
+    policy's own samples of `task` (stages.rft.repair_per_task): its failed reply, then finish; the refusal that
+    AgentConfig.verify_on_finish gives, quoting `observation` (the real verify observation of that reply's final
+    evaluation); then a correct reply of the same task, then finish. The replies are single-turn replies
+    (write_file calls); both get the finish call a multi-turn episode ends with."""
+    from actors.observations import refused_finish_observation
+    from actors.skill import system_prompt, task_prompt
+    from learner.chat import Message, format_tool_call
+
+    finish = format_tool_call("finish", {})
+    return [Message("system", system_prompt(fmt, "multi_turn", max_turns, skill)),
+            Message("user", task_prompt(task, fmt, "multi_turn")),
+            Message("assistant", failed_reply.rstrip() + "\n" + finish),
+            Message("tool", refused_finish_observation(observation)),
+            Message("assistant", fixed_reply.rstrip() + "\n" + finish)]
+
+
 def tokenizer_corpus(train: Sequence[Task], fmt: str, max_turns: int = 8, skill: str = "full",
                      variants: Sequence[str] = ("naive", "fused", "fast")) -> Iterator[str]:
     """Texts a from-scratch tokenizer is trained on: the skill prompts (once per demonstration, as often as the

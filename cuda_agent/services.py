@@ -95,6 +95,8 @@ def eval_args(cfg: Any, policy: str | Path, tasks: str | Path, out: str | Path, 
             f"model_dtype={cfg.model.dtype}", f"attention_impl={cfg.model.attention_impl}"]
     if e.mode == "multi_turn":
         args.append("--multi-turn")
+    if cfg.actor.agent.verify_on_finish:  # multi-turn evaluation episodes act as the run's actors do
+        args.append("agent.verify_on_finish=true")
     return args
 
 

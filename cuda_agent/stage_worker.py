@@ -10,7 +10,8 @@ actors and the evaluations. Data per stage:
   warm_start      the training tasks' demonstrations (tasks.demos) rendered as single-turn and multi-turn chats
                   (cuda_agent.corpus.demo_messages); loss on the assistant tokens only
   rft             the single-turn PPO stage's trajectories with final reward >= stages.rft.reward_threshold
-                  (learner.stages.rft_select), read from the learner's stage store (--store)
+                  (learner.stages.rft_select), read from the learner's stage store (--store), and with
+                  stages.rft.repair_per_task two-turn repair sequences built from them (repair_sequences)
   value_pretrain  the critic regresses the Monte-Carlo returns of all of that stage's trajectories (mixed
                   rewards give the baseline something to learn; learner.stages.value_pretrain)
 
@@ -100,6 +101,53 @@ def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple
                  "demos/composed_tasks": len(composed)}
 
 
+def repair_sequences(cfg, chat, trajs, tasks, fmt: str) -> tuple[list[_Seq], dict]:
+    """RFT's two-turn repair sequences (stages.rft.repair_per_task; cuda_agent.corpus.repair_messages) from the
+    single-turn PPO stage's trajectories `trajs` (learner.stages.repair_pairs) and the Task objects of their
+    tasks (`tasks`, by id). The loss mask covers only the last assistant turn (the repair and its finish): the
+    failed reply is context, not something to learn. Pairs whose task is unknown, whose replies cannot be read
+    back, or whose chat is longer than stages.rft.repair_max_tokens (0: learner.max_seq_len) are counted and left
+    out."""
+    from cuda_agent.corpus import repair_messages
+    from learner import stages as lstages
+
+    rft = cfg.stages.rft
+    by_id = {t.id: t for t in tasks}
+    out, skipped = [], {"no_task": 0, "unreadable": 0, "too_long": 0}
+    pairs = lstages.repair_pairs(trajs, rft.repair_per_task, rft.reward_threshold, cfg.seed)
+
+    def reply(t) -> str | None:
+        try:
+            msgs = chat.parse(np.asarray(t.tokens).tolist())
+        except Exception:  # noqa: BLE001 - a sequence the format cannot read back is left out, counted
+            return None
+        return next((m.content for m in msgs if m.role == "assistant"), None)
+
+    for bad, good in pairs:
+        task = by_id.get(bad.task_id)
+        if task is None:
+            skipped["no_task"] += 1
+            continue
+        failed, fixed = reply(bad), reply(good)
+        if not failed or not fixed:
+            skipped["unreadable"] += 1
+            continue
+        msgs = repair_messages(task, failed, bad.reward_details["observation"], fixed, fmt,
+                               cfg.stages.multi_turn_ppo.max_turns, cfg.actor.agent.skill)
+        r = chat.render(msgs)
+        if len(r.ids) > (rft.repair_max_tokens or cfg.learner.max_seq_len):
+            skipped["too_long"] += 1
+            continue
+        context = chat.render(msgs[:-1], add_generation_prompt=True).ids
+        assert r.ids[:len(context)].tolist() == context.tolist(), "a chat's prefix renders differently"
+        mask = r.loss_mask.astype(np.uint8)
+        mask[:len(context)] = 0
+        out.append(_Seq(f"repair-{bad.episode_id}-{good.episode_id}", r.ids.astype(np.int32), mask,
+                        np.zeros(len(r.ids), np.float32)))
+    return out, {"data/repair_pairs": len(pairs), "data/repair_sequences": len(out),
+                 **{f"data/repair_skipped_{k}": v for k, v in skipped.items()}}
+
+
 def _row_len(seqs, cap: int) -> int:
     longest = max(len(s.tokens) for s in seqs)
     return int(min(cap, -(-longest // 256) * 256))
@@ -179,10 +227,18 @@ def run(args: argparse.Namespace) -> int:
         trajs = store.read_all("single_turn_ppo")
         store.close()
         info = {"data/trajectories": len(trajs)}
-        if stage == "rft":
-            trajs = lstages.rft_select(trajs, cfg.stages.rft.reward_threshold, cfg.stages.rft.max_task_pass_rate)
-            info["data/kept"] = len(trajs)
         seqs = list(trajs)
+        if stage == "rft":
+            seqs = lstages.rft_select(trajs, cfg.stages.rft.reward_threshold, cfg.stages.rft.max_task_pass_rate)
+            info["data/kept"] = len(seqs)
+            if cfg.stages.rft.repair_per_task:
+                from tasks.loaders import load_jsonl
+
+                rollout = run_dir / "tasks" / "rollout.jsonl"
+                repairs, rinfo = repair_sequences(cfg, chat, trajs, load_jsonl(rollout) if rollout.exists() else [],
+                                                  fmt)
+                seqs += repairs
+                info.update(rinfo)
     metrics.log(0, {**info, "data/build_s": time.monotonic() - t0})
     if not seqs:
         log.warning("stage %s: nothing to train on (%s); the policy passes through unchanged", stage, info)

@@ -210,9 +210,17 @@ class RFTSpec:
     """At most this many passes over the kept trajectories (0 = no limit): a handful of kept trajectories should
     not be trained on for dozens of epochs."""
     time_budget_s: float = 300.0
+    repair_per_task: int = 0
+    """Also train on up to this many two-turn repair sequences a task (0 = none): a failed sample of the warm-up,
+    the refusal actor.agent.verify_on_finish gives with its real verify observation, then a correct sample of the
+    same task (cuda_agent.stage_worker.repair_sequences), the loss on the repair turn only. What they teach, a
+    second try after a refused finish, shows in multi-turn episodes with verify_on_finish on."""
+    repair_max_tokens: int = 0
+    """Longest repair sequence kept, tokens (two replies and an observation); 0 = learner.max_seq_len."""
 
     def __post_init__(self) -> None:
-        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0, max_epochs=0, max_task_pass_rate=0)
+        _at_least(self, "stages.rft", steps=0, batch_rows=1, lr=0, max_epochs=0, max_task_pass_rate=0,
+                  repair_per_task=0, repair_max_tokens=0)
         if self.max_task_pass_rate > 1:
             raise ValueError(f"stages.rft.max_task_pass_rate must be in [0, 1], got {self.max_task_pass_rate}")
         _positive(self, "stages.rft", "time_budget_s")

@@ -5,7 +5,8 @@
   1 single_turn_ppo  PPO warm-up on one-turn episodes: `ppo_update` on trajectories within
                      `StageConfig.single_turn_max_turns` (`filter_turn_limit`).
   2 rft              rejection-sampling fine-tuning: the warm-up's trajectories with final reward >=
-                     `StageConfig.rft_reward_threshold` (`rft_select`), then `sft_epochs` on them.
+                     `StageConfig.rft_reward_threshold` (`rft_select`), then `sft_epochs` on them; optionally
+                     with two-turn repair sequences from a failed and a correct sample of a task (`repair_pairs`).
   3 value_pretrain   the critic regresses the Monte-Carlo returns of those trajectories (`value_pretrain`),
                      so agentic PPO starts with a useful baseline.
   4 multi_turn_ppo   agentic PPO over episodes of up to `multi_turn_max_turns` turns and
@@ -116,6 +117,36 @@ def rft_select(trajs: Sequence[Trajectory], reward_threshold: float,
     total = collections.Counter(t.task_id for t in trajs)
     passed = collections.Counter(t.task_id for t in kept)
     return [t for t in kept if passed[t.task_id] <= max_task_pass_rate * total[t.task_id]]
+
+
+REPAIRABLE = ("compile_error", "load_error", "incorrect", "runtime_error")
+"""Final statuses a repair sequence may start from: failures whose verify observation says what is wrong."""
+
+
+def repair_pairs(trajs: Sequence[Trajectory], per_task: int, reward_threshold: float = 0.0,
+                 seed: int = 0) -> list[tuple[Trajectory, Trajectory]]:
+    """(failed, correct) trajectory pairs of the same task, for RFT's two-turn repair sequences (stages.rft.
+    repair_per_task): a failed one has a final status in REPAIRABLE and its verify observation in
+    reward_details["observation"] (actors.episode.Episode.reward_details); a correct one reached
+    `reward_threshold`. Up to `per_task` pairs a task, each failure used once, the correct ones in turn; which
+    ones is a seeded choice. Tasks without both kinds give none. Raises ValueError for a negative per_task."""
+    if per_task < 0:
+        raise ValueError(f"per_task must be >= 0, got {per_task}")
+    failed: dict[str, list[Trajectory]] = collections.defaultdict(list)
+    good: dict[str, list[Trajectory]] = collections.defaultdict(list)
+    for t in trajs:
+        d = t.reward_details or {}
+        if float(t.reward) >= reward_threshold:
+            good[t.task_id].append(t)
+        elif d.get("status") in REPAIRABLE and d.get("observation"):
+            failed[t.task_id].append(t)
+    rng = np.random.default_rng(seed)
+    out = []
+    for task in sorted(set(failed) & set(good)):
+        bad = [failed[task][i] for i in rng.permutation(len(failed[task]))][:per_task]
+        ok = [good[task][i] for i in rng.permutation(len(good[task]))]
+        out += [(b, ok[i % len(ok)]) for i, b in enumerate(bad)]
+    return out
 
 
 def minibatch_indices(n_rows: int, minibatch: int, key: jax.Array, epochs: int = 1) -> Iterator[np.ndarray]:

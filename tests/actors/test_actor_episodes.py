@@ -302,3 +302,40 @@ def test_verify_on_finish_refuses_a_failing_finish_while_turns_remain(tokenizer,
     off, _, _ = run_episodes(tokenizer, sandbox_client, {"fixes": scripts["fixes"]}, max_turns=2)
     assert off["fixes"].stats["turns"] == 1 and off["fixes"].final.status == "incorrect"
     assert off["fixes"].stats["refused_finishes"] == 0
+
+
+def test_rft_repair_sequences_from_real_episodes(tokenizer, sandbox_client):
+    """stages.rft.repair_per_task: a failed and a correct single-turn episode of one task (real sandbox results)
+    become a two-turn multi-turn chat: the failed reply and finish, the refusal verify_on_finish gives quoting the
+    failed episode's real verify observation, the correct reply and finish; the loss is on the repair turn only."""
+    from cuda_agent.config import load_config
+    from cuda_agent.stage_worker import repair_sequences
+    from cuda_agent.train_config import TrainConfig
+
+    chat = ChatFormat(tokenizer)
+    wrong = write("kernels/chain.cpp", WRONG_KERNEL) + "\n" + write("model_new.py", MODEL_NEW)
+    eps, _, _ = run_episodes(tokenizer, sandbox_client, {"wrong": [wrong], "correct": [SOLUTION]}, mode="single_turn")
+    assert eps["wrong"].final.status == "incorrect" and eps["correct"].final.status == "ok"
+    obs = eps["wrong"].reward_details()["observation"]
+    assert obs.startswith("verify: INCORRECT") and "trial 0: FAIL (" in obs
+    assert "observation" not in eps["correct"].reward_details()
+    task = make_task("wrong")
+    trajs = [eps["wrong"].trajectory("a"), eps["correct"].trajectory("a")]  # one task id: the names differ only
+    assert {t.task_id for t in trajs} == {task.id}
+
+    cfg = load_config(TrainConfig, None, ["stages.rft.repair_per_task=2"])
+    seqs, info = repair_sequences(cfg, chat, trajs, [task], "cpu")
+    assert info["data/repair_pairs"] == 1 and info["data/repair_sequences"] == 1 and len(seqs) == 1
+    s = seqs[0]
+    msgs = chat.parse(s.tokens.tolist())
+    assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "assistant"]
+    assert msgs[2].content.startswith(wrong) and msgs[2].content.endswith(call("finish"))
+    assert msgs[3].content == "finish: refused, the solution fails verification; fix it and call finish again.\n" + obs
+    assert msgs[4].content == SOLUTION + "\n" + call("finish")
+    trained = tokenizer.decode(s.tokens[s.loss_mask.astype(bool)].tolist())
+    assert trained == msgs[4].content + "<|im_end|>"  # the repair turn only
+
+    none, info = repair_sequences(cfg, chat, trajs, [], "cpu")  # tasks unknown: counted, left out
+    assert none == [] and info["data/repair_skipped_no_task"] == 1
+    short = load_config(TrainConfig, None, ["stages.rft.repair_per_task=2", "stages.rft.repair_max_tokens=64"])
+    assert repair_sequences(short, chat, trajs, [task], "cpu")[1]["data/repair_skipped_too_long"] == 1

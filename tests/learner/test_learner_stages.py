@@ -129,3 +129,35 @@ def test_rft_select_leaves_out_tasks_every_sample_solved():
     assert [t.episode_id for t in stages.rft_select(trajs, 1.0, max_task_pass_rate=0.5)] == ["e1"]  # 1 of 4 >= 1
     with pytest.raises(ValueError, match="max_task_pass_rate"):
         stages.rft_select(trajs, 0.0, max_task_pass_rate=1.5)
+
+
+def test_repair_pairs_match_a_failed_and_a_correct_sample_of_one_task():
+    """A failed trajectory (a repairable status and its verify observation) paired with a correct one of the same
+    task, each failure used once, at most per_task a task; tasks without both kinds, failures with no observation
+    or an unrepairable status (forbidden) give none; the choice is seeded."""
+    from protocol.trajectory import Trajectory
+
+    def traj(i: int, task: str, reward: float, status: str, obs: str = "verify: INCORRECT ...") -> Trajectory:
+        n = 4
+        details = {"status": status, **({"observation": obs} if obs and status != "ok" else {})}
+        return Trajectory(episode_id=f"e{i}", task_id=task, actor_id="a", policy_version=1,
+                          tokens=np.zeros(n, np.int32), behaviour_logprobs=np.zeros(n, np.float32),
+                          loss_mask=np.ones(n, np.uint8), turn_boundaries=np.zeros(1, np.int32), reward=reward,
+                          reward_details=details)
+
+    trajs = [traj(0, "a", -1.0, "incorrect"), traj(1, "a", -1.0, "compile_error"), traj(2, "a", -1.0, "incorrect"),
+             traj(3, "a", 0.0, "ok"), traj(4, "a", 1.0, "ok"),
+             traj(5, "b", -1.0, "incorrect"),                              # no correct sample of b
+             traj(6, "c", 0.0, "ok"), traj(7, "c", -1.0, "forbidden"),     # forbidden: not repairable
+             traj(8, "c", -1.0, "incorrect", obs="")]                      # no observation
+    pairs = stages.repair_pairs(trajs, per_task=2, seed=0)
+    assert len(pairs) == 2 and {b.task_id for b, _ in pairs} == {"a"} == {g.task_id for _, g in pairs}
+    assert len({b.episode_id for b, _ in pairs}) == 2 and {g.episode_id for _, g in pairs} == {"e3", "e4"}
+    assert all(b.reward < 0 <= g.reward for b, g in pairs)
+    assert len(stages.repair_pairs(trajs, per_task=5)) == 3  # every failure of a, the correct ones in turn
+    assert stages.repair_pairs(trajs, per_task=0) == []
+    assert [(b.episode_id, g.episode_id) for b, g in stages.repair_pairs(trajs, 2, seed=3)] == \
+        [(b.episode_id, g.episode_id) for b, g in stages.repair_pairs(trajs, 2, seed=3)]
+    assert len(stages.repair_pairs(trajs, per_task=5, reward_threshold=1.0)) == 3  # only e4 counts as correct
+    with pytest.raises(ValueError, match="per_task"):
+        stages.repair_pairs(trajs, per_task=-1)
