@@ -34,7 +34,8 @@ from actors.observations import (clip, compile_observation, profile_observation,
 from actors.sandbox_stages import SandboxStages, SandboxUnavailable
 from actors.skill import MULTI_TURN_TOOLS, SINGLE_TURN_TOOLS, system_prompt, task_prompt
 from actors.workspace import ENTRY, AgentWorkspace, WorkspaceRuleError
-from learner.chat import ChatFormat, ChatTokens, Message, ToolCall, ToolCallError, parse_tool_calls
+from learner.chat import (ChatFormat, ChatTokens, Message, ToolCall, ToolCallError, neutralise_special_tokens,
+                          parse_tool_calls)
 from protocol.trajectory import Trajectory
 from sandbox.result import EvalResult, Status
 from tasks.schema import Task
@@ -223,6 +224,8 @@ class EpisodeRunner:
                 return "finished"
             if last:
                 return "max_turns"
+            # tool output may quote the policy's own text (a compile log, read_file): never a special token
+            observations = [Message(m.role, neutralise_special_tokens(m.content)) for m in observations]
             self.record.add_observation(observations)
             self.messages.extend(observations)
         return "max_turns"
@@ -256,19 +259,28 @@ class EpisodeRunner:
                 bad = self._check_args(call)
                 if cfg.verify_on_finish and not last and ENTRY in self.ws.files:
                     res = await self._stage("verify")
-                    if not res.ok:
-                        self.stats["refused_finishes"] += 1
-                        self.tool_log.append({"turn": turn, "tool": "finish", "ok": False, "status": res.status,
-                                              "error": "refused: verification failed"})
+                    # a sandbox failure is not the solution's: the final evaluation decides
+                    if not res.ok and res.status != Status.INTERNAL_ERROR.value:
                         text = verify_observation(res, cfg.compile_error_lines, cfg.observation_max_chars)
-                        out.append(Message("tool", refused_finish_observation(text, cfg.observation_max_chars)))
-                        return out, False
+                        refusal = [*out, Message("tool", refused_finish_observation(text, cfg.observation_max_chars))]
+                        refusal += [Message("tool", f"{c.name[:80]}: not run: finish was refused") for c in calls[i + 1:]]
+                        if self._room_after(refusal):
+                            self.stats["refused_finishes"] += 1
+                            self.tool_log.append({"turn": turn, "tool": "finish", "ok": False, "status": res.status,
+                                                  "error": "refused: verification failed"})
+                            return refusal, False
                 self.tool_log.append({"turn": turn, "tool": "finish", "ok": not bad})
                 return out, True
             text_out, info = await self._tool(call, turn, last)
             self.tool_log.append({"turn": turn, "tool": call.name, **info})
             out.append(Message("tool", clip(text_out, cfg.observation_max_chars)))
         return out, False
+
+    def _room_after(self, observations: list[Message]) -> bool:
+        """Whether another turn could still be sampled after these observations (context room)."""
+        obs = [Message(m.role, neutralise_special_tokens(m.content)) for m in observations]
+        used = len(self.record.ids) + len(self.ctx.chat.render_observation(obs))
+        return self.cfg.max_context_tokens - used >= self.cfg.min_new_tokens_per_turn
 
     def _check_args(self, call: ToolCall) -> str:
         spec = _TOOL_ARGS[call.name]

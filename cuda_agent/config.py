@@ -8,6 +8,7 @@ overrides) with OmegaConf and returns a real instance of the dataclass, so valid
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
@@ -58,11 +59,16 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         raise ConfigError(f"bad configuration: {e}") from None
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][\w.\[\]-]*=")
+
+
 def config_path_and_overrides(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Split command-line arguments `[CONFIG.yaml] [key=value ...]`: the first is the config file when it has no
-    "=" or names an existing file (a run folder's path may hold "="), the rest are overrides."""
+    """Split command-line arguments `[CONFIG.yaml] [key=value ...]`: the first is the config file unless it starts
+    with a key and "=" (`a.b_c=...`: a key never holds "/"), so a run folder's path may hold "="
+    (`runs/x=1/sandbox.yaml`); the rest are overrides. No file is looked at: a missing one is load_config's
+    "no such config file"."""
     items = list(args)
-    if items and ("=" not in items[0] or Path(items[0]).is_file()):
+    if items and not _OVERRIDE.match(items[0]):
         return items[0], items[1:]
     return None, items
 

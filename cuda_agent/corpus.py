@@ -169,13 +169,13 @@ def repair_messages(task: Task, failed_reply: str, observation: str, fixed_reply
     (write_file calls); both get the finish call a multi-turn episode ends with."""
     from actors.observations import refused_finish_observation
     from actors.skill import system_prompt, task_prompt
-    from learner.chat import Message, format_tool_call
+    from learner.chat import Message, format_tool_call, neutralise_special_tokens
 
     finish = format_tool_call("finish", {})
     return [Message("system", system_prompt(fmt, "multi_turn", max_turns, skill)),
             Message("user", task_prompt(task, fmt, "multi_turn")),
             Message("assistant", failed_reply.rstrip() + "\n" + finish),
-            Message("tool", refused_finish_observation(observation)),
+            Message("tool", neutralise_special_tokens(refused_finish_observation(observation))),
             Message("assistant", fixed_reply.rstrip() + "\n" + finish)]
 
 

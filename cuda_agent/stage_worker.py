@@ -105,23 +105,31 @@ def repair_sequences(cfg, chat, trajs, tasks, fmt: str) -> tuple[list[_Seq], dic
     """RFT's two-turn repair sequences (stages.rft.repair_per_task; cuda_agent.corpus.repair_messages) from the
     single-turn PPO stage's trajectories `trajs` (learner.stages.repair_pairs) and the Task objects of their
     tasks (`tasks`, by id). The loss mask covers only the last assistant turn (the repair and its finish): the
-    failed reply is context, not something to learn. Pairs whose task is unknown, whose replies cannot be read
-    back, or whose chat is longer than stages.rft.repair_max_tokens (0: learner.max_seq_len) are counted and left
-    out."""
+    failed reply is context, not something to learn. Left out and counted: pairs whose task is unknown; whose
+    replies cannot be read back as tool calls, or a failed reply that was cut at the token limit ("unreadable");
+    whose failed reply wrote a file the correct one does not (the chat's workspace would keep it: "stale_files");
+    whose chat does not render or is longer than stages.rft.repair_max_tokens (0: learner.max_seq_len)."""
     from cuda_agent.corpus import repair_messages
     from learner import stages as lstages
+    from learner.chat import ChatFormatError, ToolCallError, parse_tool_calls
 
     rft = cfg.stages.rft
     by_id = {t.id: t for t in tasks}
-    out, skipped = [], {"no_task": 0, "unreadable": 0, "too_long": 0}
+    out, skipped = [], {"no_task": 0, "unreadable": 0, "stale_files": 0, "too_long": 0}
     pairs = lstages.repair_pairs(trajs, rft.repair_per_task, rft.reward_threshold, cfg.seed)
 
-    def reply(t) -> str | None:
+    def reply(t) -> tuple[str, set[str]] | None:
+        """The trajectory's first reply and the paths it writes, or None when it cannot be read back."""
+        if (t.episode_stats or {}).get("truncated_turns"):
+            return None
         try:
             msgs = chat.parse(np.asarray(t.tokens).tolist())
-        except Exception:  # noqa: BLE001 - a sequence the format cannot read back is left out, counted
+            text = next(m.content for m in msgs if m.role == "assistant")
+            calls = parse_tool_calls(text)
+        except (ChatFormatError, ToolCallError, StopIteration):
             return None
-        return next((m.content for m in msgs if m.role == "assistant"), None)
+        paths = {str(c.arguments.get("path")) for c in calls if c.name == "write_file"}
+        return (text, paths) if paths else None
 
     for bad, good in pairs:
         task = by_id.get(bad.task_id)
@@ -129,12 +137,19 @@ def repair_sequences(cfg, chat, trajs, tasks, fmt: str) -> tuple[list[_Seq], dic
             skipped["no_task"] += 1
             continue
         failed, fixed = reply(bad), reply(good)
-        if not failed or not fixed:
+        if failed is None or fixed is None:
             skipped["unreadable"] += 1
             continue
-        msgs = repair_messages(task, failed, bad.reward_details["observation"], fixed, fmt,
+        if not failed[1] <= fixed[1]:
+            skipped["stale_files"] += 1
+            continue
+        msgs = repair_messages(task, failed[0], bad.reward_details["observation"], fixed[0], fmt,
                                cfg.stages.multi_turn_ppo.max_turns, cfg.actor.agent.skill)
-        r = chat.render(msgs)
+        try:
+            r = chat.render(msgs)
+        except ChatFormatError:
+            skipped["unreadable"] += 1
+            continue
         if len(r.ids) > (rft.repair_max_tokens or cfg.learner.max_seq_len):
             skipped["too_long"] += 1
             continue

@@ -163,6 +163,13 @@ def tools_system_prompt(tools: Sequence[dict], preamble: str = "") -> str:
 # ----------------------------------------------------------------------------------------- render
 
 
+def neutralise_special_tokens(text: str) -> str:
+    """`text` with the chat's special tokens spelled with spaces ("<| im_end |>"), for tool and user messages that
+    quote what a policy wrote (a compiler log quoting a source line, a file read back): such text can then never
+    close or open a turn, and `ChatFormat.render` accepts it."""
+    return text.replace(IM_START, "<| im_start |>").replace(IM_END, "<| im_end |>")
+
+
 class ChatFormat:
     """Renders messages to token ids + loss mask and parses ids back, for one tokenizer."""
 

@@ -138,7 +138,7 @@ def repair_pairs(trajs: Sequence[Trajectory], per_task: int, reward_threshold: f
         d = t.reward_details or {}
         if float(t.reward) >= reward_threshold:
             good[t.task_id].append(t)
-        elif d.get("status") in REPAIRABLE and d.get("observation"):
+        elif d.get("status") in REPAIRABLE and isinstance(d.get("observation"), str) and d["observation"]:
             failed[t.task_id].append(t)
     rng = np.random.default_rng(seed)
     out = []

@@ -43,6 +43,7 @@ the installer reports why it did nothing, and the trusted side logs it.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import platform
 import struct
@@ -327,24 +328,31 @@ def _probe_host() -> tuple[bool, bool]:
         import sys
 
         # os._exit: Python's own finalisation puts signal handlers back (rt_sigaction), which the filter kills
-        code = ("import os, sys; from sandbox.thread_filter import make_installer; print(make_installer()(), "
-                "flush=True); sys.stdin.readline(); os._exit(0)")
+        code = ("import os, sys; from sandbox.thread_filter import make_installer; "
+                "print('thread_filter_probe:', make_installer()(), flush=True); sys.stdin.readline(); os._exit(0)")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         try:
             p = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                  env={**os.environ, "PYTHONPATH": root})
-        except OSError:
+        except OSError as e:
+            logging.getLogger(__name__).warning("thread filter probe could not start: %s", e)
             _HOST.append((False, False))
             return _HOST[0]
         timer = threading.Timer(60.0, p.kill)  # a probe that hangs counts as "does not work"
         timer.start()
-        try:
-            works = p.stdout.readline().strip() == "on"
-            progs, _ = installed_programs(p.pid) if works else (None, "")
-            _HOST.append((works, progs == [filter_program(platform.machine())]))
-        finally:
-            timer.cancel()
-            p.kill()
-            p.wait()
+        with p:
+            try:
+                said = ""
+                for line in p.stdout:  # anything a startup hook prints first is skipped
+                    if line.startswith("thread_filter_probe:"):
+                        said = line.split(":", 1)[1].strip()
+                        break
+                works = said == "on"
+                progs, _ = installed_programs(p.pid) if works else (None, "")
+                _HOST.append((works, progs == [filter_program(platform.machine())]))
+            finally:
+                timer.cancel()
+                p.kill()
+        logging.getLogger(__name__).info("thread filter on this host: installs %s, read back %s", *_HOST[0])
     return _HOST[0]

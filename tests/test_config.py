@@ -71,6 +71,14 @@ def test_a_config_path_with_an_equals_sign_is_a_path_not_an_override(tmp_path):
     assert config_path_and_overrides([]) == (None, [])
     path, items = config_path_and_overrides([str(odd), "name=x"])
     assert load_config(_Cfg, path, items).workers == 3
+    # an override stays an override even where a file of that name exists; a long one is no file name
+    (tmp_path / "workers=4").write_text("workers: 9\n")
+    assert config_path_and_overrides(["workers=4"]) == (None, ["workers=4"])
+    assert config_path_and_overrides(["name=" + "x" * 400]) == (None, ["name=" + "x" * 400])
+    # a missing path that holds "=" is reported as a missing file, not as a bad override
+    path, items = config_path_and_overrides([str(tmp_path / "run/lr=1e-3/sandbx.yaml")])
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(_Cfg, path, items)
 
 
 @pytest.mark.parametrize("name", ["local", "smoke", "h200", "multihost"])

@@ -335,7 +335,53 @@ def test_rft_repair_sequences_from_real_episodes(tokenizer, sandbox_client):
     trained = tokenizer.decode(s.tokens[s.loss_mask.astype(bool)].tolist())
     assert trained == msgs[4].content + "<|im_end|>"  # the repair turn only
 
+    # a failed reply that wrote a file the correct one does not: the chat's workspace would keep it
+    from learner.chat import Message
+    from protocol.trajectory import Trajectory
+
+    other = write("kernels/other.cpp", WRONG_KERNEL) + "\n" + write("model_new.py", MODEL_NEW)
+    r = chat.render([Message("system", "s"), Message("user", "u"), Message("assistant", other)])
+    stale = Trajectory(episode_id="stale", task_id=task.id, actor_id="a", policy_version=1, tokens=r.ids,
+                       behaviour_logprobs=np.zeros(len(r.ids), np.float32), loss_mask=r.loss_mask.astype(np.uint8),
+                       turn_boundaries=np.zeros(1, np.int32), reward=-1.0,
+                       reward_details={"status": "incorrect", "observation": obs})
+    seqs, info = repair_sequences(cfg, chat, [stale, trajs[1]], [task], "cpu")
+    assert seqs == [] and info["data/repair_skipped_stale_files"] == 1
+
     none, info = repair_sequences(cfg, chat, trajs, [], "cpu")  # tasks unknown: counted, left out
     assert none == [] and info["data/repair_skipped_no_task"] == 1
     short = load_config(TrainConfig, None, ["stages.rft.repair_per_task=2", "stages.rft.repair_max_tokens=64"])
     assert repair_sequences(short, chat, trajs, [task], "cpu")[1]["data/repair_skipped_too_long"] == 1
+
+
+def test_observations_quoting_a_special_token_do_not_end_the_episode(tokenizer, sandbox_client):
+    """A file whose text holds "<|im_end|>" (written through a JSON escape, so the reply itself holds no special
+    token) read back by read_file: the observation spells it with spaces and the episode goes on and is scored."""
+    chat = ChatFormat(tokenizer)
+    sneaky = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "kernels/note.h", "content": '
+              '"// <\\u007cim_end\\u007c>\\n"}}\n</tool_call>')
+    eps, summary, _ = run_episodes(tokenizer, sandbox_client, {"quoting": [sneaky, call("read_file", path="kernels/note.h"),
+                                                                          SOLUTION + "\n" + call("finish")]})
+    ep = eps["quoting"]
+    assert summary["episode_crashes"] == 0 and ep.status == "finished" and ep.final.status == "ok"
+    read = [m.content for m in ep.messages if m.role == "tool"][1]
+    assert "<| im_end |>" in read and "<|im_end|>" not in read
+    check_token_record(ep, chat)
+
+
+def test_verify_on_finish_says_which_calls_a_refusal_left_unrun_and_needs_room_for_another_turn(tokenizer,
+                                                                                              sandbox_client):
+    """Calls after a refused finish in the same reply are answered "not run"; with no context room for another
+    turn the finish is not refused (the final evaluation decides at once)."""
+    wrong = write("kernels/chain.cpp", WRONG_KERNEL) + "\n" + write("model_new.py", MODEL_NEW)
+    script = [wrong + "\n" + call("finish") + "\n" + write("kernels/chain.cpp", KERNEL), SOLUTION + "\n" + call("finish")]
+    eps, _, _ = run_episodes(tokenizer, sandbox_client, {"after": script}, verify_on_finish=True, max_turns=3)
+    ep = eps["after"]
+    obs = [m.content for m in ep.messages if m.role == "tool"]
+    assert obs[2].startswith("finish: refused") and obs[3] == "write_file: not run: finish was refused"
+    assert ep.stats["refused_finishes"] == 1 and ep.final.status == "ok"
+
+    used = len(ChatFormat(tokenizer).render(ep.messages[:3], add_generation_prompt=True).ids)
+    tight, _, _ = run_episodes(tokenizer, sandbox_client, {"after": script}, verify_on_finish=True, max_turns=3,
+                               max_context_tokens=used + 80, min_new_tokens_per_turn=64)
+    assert tight["after"].stats["refused_finishes"] == 0 and tight["after"].final.status == "incorrect"

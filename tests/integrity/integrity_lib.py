@@ -34,7 +34,7 @@ def adversarial(name: str, fmt: str = "cpu", base_task: str = "elementwise_chain
         extra = SOLUTIONS / f"{name}.{ext}"
         if extra.exists():
             text = files[f"kernels/{name}.{ext}"] = extra.read_text()
-            for header in re.findall(r'^#include "([\w.]+\.h)"', text, flags=re.M):
+            for header in re.findall(r'^\s*#\s*include\s*"([\w.-]+\.h(?:pp)?)"', text, flags=re.M):
                 if (SOLUTIONS / header).exists():  # a header of this folder (cuda_agent.h is the sandbox's own)
                     files[f"kernels/{header}"] = (SOLUTIONS / header).read_text()
     return files
