@@ -263,7 +263,8 @@ class EpisodeRunner:
                     if not res.ok and res.status != Status.INTERNAL_ERROR.value:
                         text = verify_observation(res, cfg.compile_error_lines, cfg.observation_max_chars)
                         refusal = [*out, Message("tool", refused_finish_observation(text, cfg.observation_max_chars))]
-                        refusal += [Message("tool", f"{c.name[:80]}: not run: finish was refused") for c in calls[i + 1:]]
+                        refusal += [Message("tool", f"{c.name[:80]}: not run: finish was refused")
+                                    for c in calls[i + 1:]]
                         if self._room_after(refusal):
                             self.stats["refused_finishes"] += 1
                             self.tool_log.append({"turn": turn, "tool": "finish", "ok": False, "status": res.status,

@@ -360,8 +360,8 @@ def test_observations_quoting_a_special_token_do_not_end_the_episode(tokenizer, 
     chat = ChatFormat(tokenizer)
     sneaky = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "kernels/note.h", "content": '
               '"// <\\u007cim_end\\u007c>\\n"}}\n</tool_call>')
-    eps, summary, _ = run_episodes(tokenizer, sandbox_client, {"quoting": [sneaky, call("read_file", path="kernels/note.h"),
-                                                                          SOLUTION + "\n" + call("finish")]})
+    script = [sneaky, call("read_file", path="kernels/note.h"), SOLUTION + "\n" + call("finish")]
+    eps, summary, _ = run_episodes(tokenizer, sandbox_client, {"quoting": script})
     ep = eps["quoting"]
     assert summary["episode_crashes"] == 0 and ep.status == "finished" and ep.final.status == "ok"
     read = [m.content for m in ep.messages if m.role == "tool"][1]
@@ -374,7 +374,8 @@ def test_verify_on_finish_says_which_calls_a_refusal_left_unrun_and_needs_room_f
     """Calls after a refused finish in the same reply are answered "not run"; with no context room for another
     turn the finish is not refused (the final evaluation decides at once)."""
     wrong = write("kernels/chain.cpp", WRONG_KERNEL) + "\n" + write("model_new.py", MODEL_NEW)
-    script = [wrong + "\n" + call("finish") + "\n" + write("kernels/chain.cpp", KERNEL), SOLUTION + "\n" + call("finish")]
+    script = [wrong + "\n" + call("finish") + "\n" + write("kernels/chain.cpp", KERNEL),
+              SOLUTION + "\n" + call("finish")]
     eps, _, _ = run_episodes(tokenizer, sandbox_client, {"after": script}, verify_on_finish=True, max_turns=3)
     ep = eps["after"]
     obs = [m.content for m in ep.messages if m.role == "tool"]
