@@ -49,6 +49,11 @@ _TOOL_ARGS: dict[str, dict[str, type]] = {
 }
 
 
+def _neutralised(observations: list[Message]) -> list[Message]:
+    """Tool output may quote the policy's own text (a compile log, read_file): never a special token in it."""
+    return [Message(m.role, neutralise_special_tokens(m.content)) for m in observations]
+
+
 @dataclasses.dataclass
 class Episode:
     """A finished (or ended) episode: the token record, what happened, and the reward.
@@ -224,8 +229,7 @@ class EpisodeRunner:
                 return "finished"
             if last:
                 return "max_turns"
-            # tool output may quote the policy's own text (a compile log, read_file): never a special token
-            observations = [Message(m.role, neutralise_special_tokens(m.content)) for m in observations]
+            observations = _neutralised(observations)
             self.record.add_observation(observations)
             self.messages.extend(observations)
         return "max_turns"
@@ -279,8 +283,7 @@ class EpisodeRunner:
 
     def _room_after(self, observations: list[Message]) -> bool:
         """Whether another turn could still be sampled after these observations (context room)."""
-        obs = [Message(m.role, neutralise_special_tokens(m.content)) for m in observations]
-        used = len(self.record.ids) + len(self.ctx.chat.render_observation(obs))
+        used = len(self.record.ids) + len(self.ctx.chat.render_observation(_neutralised(observations)))
         return self.cfg.max_context_tokens - used >= self.cfg.min_new_tokens_per_turn
 
     def _check_args(self, call: ToolCall) -> str:

@@ -153,10 +153,9 @@ def repair_sequences(cfg, chat, trajs, tasks, fmt: str) -> tuple[list[_Seq], dic
         if len(r.ids) > (rft.repair_max_tokens or cfg.learner.max_seq_len):
             skipped["too_long"] += 1
             continue
-        context = chat.render(msgs[:-1], add_generation_prompt=True).ids
-        assert r.ids[:len(context)].tolist() == context.tolist(), "a chat's prefix renders differently"
         mask = r.loss_mask.astype(np.uint8)
-        mask[:len(context)] = 0
+        last = np.flatnonzero(mask)[-1]  # the repair turn is the chat's last run of 1s: zero every token before it
+        mask[:np.flatnonzero(mask[:last] == 0)[-1] + 1] = 0
         out.append(_Seq(f"repair-{bad.episode_id}-{good.episode_id}", r.ids.astype(np.int32), mask,
                         np.zeros(len(r.ids), np.float32)))
     return out, {"data/repair_pairs": len(pairs), "data/repair_sequences": len(out),

@@ -43,12 +43,15 @@ the installer reports why it did nothing, and the trusted side logs it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import platform
 import struct
 import threading
 from typing import Callable
+
+log = logging.getLogger(__name__)
 
 # seccomp_data (linux/seccomp.h): int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
 _NR, _ARCH = 0, 4
@@ -317,42 +320,33 @@ def programs_readable_here() -> bool:
     return _probe_host()[1]
 
 
-_HOST: list[tuple[bool, bool]] = []
-
-
+@functools.cache
 def _probe_host() -> tuple[bool, bool]:
     """(the filter installs here, this process reads it back byte for byte): one throwaway Python process installs
     the filter, reports, and waits while it is read back; the answer is cached for the life of this process."""
-    if not _HOST:
-        import subprocess
-        import sys
+    import subprocess
+    import sys
 
-        # os._exit: Python's own finalisation puts signal handlers back (rt_sigaction), which the filter kills
-        code = ("import os, sys; from sandbox.thread_filter import make_installer; "
-                "print('thread_filter_probe:', make_installer()(), flush=True); sys.stdin.readline(); os._exit(0)")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # os._exit: Python's own finalisation puts signal handlers back (rt_sigaction), which the filter kills
+    code = ("import os, sys; from sandbox.thread_filter import make_installer; "
+            "print('thread_filter_probe:', make_installer()(), flush=True); sys.stdin.readline(); os._exit(0)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        p = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": root})
+    except OSError as e:
+        log.warning("thread filter probe could not start: %s", e)
+        return False, False
+    timer = threading.Timer(60.0, p.kill)  # a probe that hangs counts as "does not work"
+    timer.start()
+    with p:
         try:
-            p = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                 env={**os.environ, "PYTHONPATH": root})
-        except OSError as e:
-            logging.getLogger(__name__).warning("thread filter probe could not start: %s", e)
-            _HOST.append((False, False))
-            return _HOST[0]
-        timer = threading.Timer(60.0, p.kill)  # a probe that hangs counts as "does not work"
-        timer.start()
-        with p:
-            try:
-                said = ""
-                for line in p.stdout:  # anything a startup hook prints first is skipped
-                    if line.startswith("thread_filter_probe:"):
-                        said = line.split(":", 1)[1].strip()
-                        break
-                works = said == "on"
-                progs, _ = installed_programs(p.pid) if works else (None, "")
-                _HOST.append((works, progs == [filter_program(platform.machine())]))
-            finally:
-                timer.cancel()
-                p.kill()
-        logging.getLogger(__name__).info("thread filter on this host: installs %s, read back %s", *_HOST[0])
-    return _HOST[0]
+            said = next((line.split(":", 1)[1].strip() for line in p.stdout  # a startup hook's lines are skipped
+                         if line.startswith("thread_filter_probe:")), "")
+            progs, _ = installed_programs(p.pid) if said == "on" else (None, "")
+            answer = said == "on", progs == [filter_program(platform.machine())]
+        finally:
+            timer.cancel()
+            p.kill()
+    log.info("thread filter on this host: installs %s, read back %s", *answer)
+    return answer

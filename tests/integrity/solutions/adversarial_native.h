@@ -3,8 +3,8 @@
    - resolve(name): a libc function's address, found from libc's in-memory ELF (walk back from memcmp's page to the
      ELF header, then PT_DYNAMIC -> DT_SYMTAB / DT_STRTAB), so the solution has no undefined symbol outside the
      sandbox's allow-list and no syscall instruction of its own;
-   - chain(x, y, lo, hi): the honest elementwise_chain kernel on elements [lo, hi), the work each attack does for
-     real so that its outputs are correct. */
+   - chain(x, y, lo, hi): the base solution's honest elementwise_chain kernel (integrity_lib.adversarial puts it in
+     kernels/) on elements [lo, hi), the work each attack does for real so that its outputs are correct. */
 #ifndef ADVERSARIAL_NATIVE_H
 #define ADVERSARIAL_NATIVE_H
 #include <elf.h>
@@ -34,15 +34,7 @@ static void* resolve(const char* name) {
     return 0;
 }
 
-static void chain(const float* __restrict__ x, float* __restrict__ y, long long lo, long long hi) {
-    for (long long i = lo; i < hi; ++i) {
-        float xi = x[i];
-        float v = xi * 1.5f + 0.5f;
-        v = v > 0.f ? v : 0.f;
-        v = v - xi * 0.25f;
-        v = v < 4.f ? v : 4.f;
-        v = v * v + 1.f;
-        y[i] = v / (1.f + fabsf(xi));
-    }
-}
+/* the corpus's honest kernel (kernels/elementwise_chain.cpp of the base solution), on elements [lo, hi) */
+void elementwise_chain(const float* x, float* y, long long n);
+static void chain(const float* x, float* y, long long lo, long long hi) { elementwise_chain(x + lo, y + lo, hi - lo); }
 #endif
