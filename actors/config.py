@@ -60,7 +60,8 @@ class AgentConfig:
     verify_on_finish: bool = False
     """Multi-turn: `finish` first verifies the workspace (the `verify` tool's job); when that fails and a turn is
     left, the finish is refused with the verify observation and the episode goes on, so the policy sees why its
-    solution fails and may fix it. The reward is still the final evaluation's. Costs one verify job per finish."""
+    solution fails and may fix it. The reward is still the final evaluation's. Costs one verify job per finish.
+    With the local preset's small model no second try passed (benchmarks/RESULTS.md, session 29)."""
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"AgentConfig.mode must be one of {MODES}, got {self.mode!r}")

@@ -214,7 +214,8 @@ class RFTSpec:
     """Also train on up to this many two-turn repair sequences a task (0 = none): a failed sample of the warm-up,
     the refusal actor.agent.verify_on_finish gives with its real verify observation, then a correct sample of the
     same task (cuda_agent.stage_worker.repair_sequences), the loss on the repair turn only. What they teach, a
-    second try after a refused finish, shows in multi-turn episodes with verify_on_finish on."""
+    second try after a refused finish, shows in multi-turn episodes with verify_on_finish on. One seed of the local
+    preset with it lowered the held-out pass rate in the agent loop (benchmarks/RESULTS.md, session 29)."""
     repair_max_tokens: int = 0
     """Longest repair sequence kept, tokens (two replies and an observation); 0 = learner.max_seq_len."""
 
