@@ -81,14 +81,17 @@ def fitted_steps(step: int, planned: int, max_steps: int, step_s: float, left_s:
 
 def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple[list[_Seq], dict]:
     """Demonstrations of the training tasks as token sequences (single-turn and multi-turn renderings), and of
-    the run's composed tasks (cuda_agent.corpus.composed_tasks; single-turn only)."""
+    the run's composed tasks (cuda_agent.corpus.composed_tasks; single-turn, and multi-turn too for the first
+    stages.warm_start.composed_multi_turn of them)."""
     from cuda_agent.corpus import demo_messages, demos_for
 
     ws = cfg.stages.warm_start
     out, too_long = [], 0
     composed = {t.id for t in composed_tasks}
+    n_both = int(round(ws.composed_multi_turn * len(composed_tasks)))
+    both = {t.id for t in list(composed_tasks)[:n_both]}
     for task, demo in demos_for(list(train_tasks) + list(composed_tasks), fmt, tuple(ws.variants)):
-        for mode in ("single_turn",) if task.id in composed else ("single_turn", "multi_turn"):
+        for mode in ("single_turn",) if task.id in composed and task.id not in both else ("single_turn", "multi_turn"):
             max_turns = cfg.stages.multi_turn_ppo.max_turns if mode == "multi_turn" else 0
             r = chat.render(demo_messages(task, demo.files, fmt, mode, max_turns, demo.notes, cfg.actor.agent.skill))
             if len(r.ids) > ws.max_seq_len:
@@ -98,7 +101,7 @@ def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple
                             r.loss_mask.astype(np.uint8), np.zeros(len(r.ids), np.float32)))
     return out, {"demos/sequences": len(out), "demos/too_long": too_long,
                  "demos/tasks": len({s.episode_id.split('-')[1] for s in out}),
-                 "demos/composed_tasks": len(composed)}
+                 "demos/composed_tasks": len(composed), "demos/composed_multi_turn": len(both)}
 
 
 def repair_sequences(cfg, chat, trajs, tasks, fmt: str) -> tuple[list[_Seq], dict]:

@@ -158,10 +158,16 @@ class WarmStartSpec:
     operators, never an evaluation task's operator chain), each with its demonstration of `variants`, rendered
     single-turn only; they are not rollout tasks. Many fresh compositions instead of many epochs over a few hundred
     tasks: a small model then learns the translation instead of memorising the tasks."""
+    composed_multi_turn: float = 0.0
+    """Fraction (0-1) of the composed tasks also rendered as multi-turn chats (the agent loop's system prompt and
+    tool syntax; cuda_agent.corpus.demo_messages), the first that many in their composed order. 0 = single-turn
+    only: the multi-turn prompt then has only the training tasks' demonstrations (a few hundred)."""
 
     def __post_init__(self) -> None:
         _at_least(self, "stages.warm_start", steps=0, batch_rows=1, max_seq_len=16, lr=0, warmup_steps=0,
                   row_len=0, composed_tasks=0)
+        _check(0.0 <= self.composed_multi_turn <= 1.0,
+               f"stages.warm_start.composed_multi_turn must be in [0, 1], got {self.composed_multi_turn}")
         _check(self.row_len <= self.max_seq_len,
                f"stages.warm_start.row_len must be <= max_seq_len ({self.max_seq_len}), got {self.row_len}")
         _positive(self, "stages.warm_start", "time_budget_s")

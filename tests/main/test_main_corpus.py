@@ -70,3 +70,26 @@ def test_fresh_rollout_compositions_are_unseen_chains(local):
     assert [t.id for t in fresh_compositions(40, 0, ev, warm)] == [t.id for t in fresh]  # deterministic
     with pytest.raises(ValueError, match="rollout_composed and tasks.rollout_demo_tasks_only"):
         load_config(TrainConfig, None, ["tasks.rollout_composed=8", "tasks.rollout_demo_tasks_only=true"])
+
+
+def test_composed_tasks_rendered_multi_turn_by_fraction(local):
+    """stages.warm_start.composed_multi_turn: the first fraction of the composed tasks also get the multi-turn
+    rendering (the agent loop's prompt), the rest single-turn only; the training tasks always both."""
+    from cuda_agent.corpus import composed_tasks
+    from cuda_agent.stage_worker import demo_sequences
+
+    cfg, train, ev, chat = local
+    train = train[:6]
+    comp = composed_tasks(10, 0, ev)
+    counts = {}
+    for frac in (0.0, 0.3, 1.0):
+        c = load_config(TrainConfig, CONFIGS / "local.yaml", [f"stages.warm_start.composed_multi_turn={frac}"])
+        seqs, info = demo_sequences(c, chat, train, "cpu", comp)
+        multi = sorted(s.episode_id.split("-")[1] for s in seqs if s.episode_id.endswith("-multi_turn"))
+        counts[frac] = (len(seqs), multi, info["demos/composed_multi_turn"])
+    demo_train = {t.id for t, _ in demos_for(train, "cpu", tuple(cfg.stages.warm_start.variants))}
+    assert counts[0.0][1] == sorted(demo_train) and counts[0.0][2] == 0
+    assert counts[0.3][1] == sorted(demo_train | {t.id for t in comp[:3]}) and counts[0.3][2] == 3
+    assert counts[1.0][2] == 10 and counts[1.0][0] == counts[0.0][0] + 10
+    with pytest.raises(ValueError, match="composed_multi_turn must be in"):
+        load_config(TrainConfig, None, ["stages.warm_start.composed_multi_turn=1.5"])
