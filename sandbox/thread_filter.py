@@ -36,7 +36,7 @@ The defence, in two parts:
 
 Applied on the CPU backend when SandboxConfig.cpu_threads is 1 (SandboxConfig.thread_filter; OpenMP teams of the
 solution's own need threads beyond that, and the CPU-time check covers them), and on the CUDA backend with
-SandboxConfig.thread_filter_cuda (off by default until its gpu tests have run on an H200). Linux on x86_64 or aarch64; elsewhere
+SandboxConfig.thread_filter_cuda (on by default). Linux on x86_64 or aarch64; elsewhere
 the installer reports why it did nothing, and the trusted side logs it.
 """
 

@@ -364,7 +364,7 @@ def test_gpu_work_between_timed_calls_gains_nothing_without_the_thread_filter(tm
 
     attack = dict(load_solution(HERE / "solutions" / "gpu_ext_overlap"))
     honest = {**attack, "kernels/heavy_binding.cpp": _HONEST_BINDING}
-    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0))  # the thread filter off (the CUDA default)
+    ev = Evaluator(gpu_config(tmp_path, reps=20, load_timeout_s=600.0, thread_filter_cuda=False))
     try:
         h = ev.evaluate(task(), honest, "extension")
         a = ev.evaluate(task(), attack, "extension")

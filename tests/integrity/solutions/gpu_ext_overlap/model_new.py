@@ -6,10 +6,10 @@ sets one after the other before the first call), while the harness copies and ch
 the next call; that call only copies the result. The work runs where neither the in-process clock (between calls)
 nor the trusted wall clock (it overlaps the harness's own per-call cost, which calibration subtracts) sees it.
 
-Defence: the thread filter (sandbox.thread_filter, SandboxConfig.thread_filter_cuda; off by default on the CUDA
-backend until its gpu tests have run on an H200): it is on from the import of a solution the sandbox built, and the
-helper's start in the first forward kills the candidate's process (SIGSYS): violation "background_thread". Without
-the filter the hole is open (a check would have to see GPU work between calls)."""
+Defence: the thread filter (sandbox.thread_filter, SandboxConfig.thread_filter_cuda, on by default): it is on from
+the import of a solution the sandbox built, and the helper's start in the first forward kills the candidate's
+process (SIGSYS): violation "background_thread". Without the filter the hole is open (a check would have to see GPU
+work between calls)."""
 import torch
 import torch.nn as nn
 
