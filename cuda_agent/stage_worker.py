@@ -82,7 +82,8 @@ def fitted_steps(step: int, planned: int, max_steps: int, step_s: float, left_s:
 def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple[list[_Seq], dict]:
     """Demonstrations of the training tasks as token sequences (single-turn and multi-turn renderings), and of
     the run's composed tasks (cuda_agent.corpus.composed_tasks; single-turn, and multi-turn too for the first
-    stages.warm_start.composed_multi_turn of them)."""
+    round(stages.warm_start.composed_multi_turn x their number): "demos/composed_multi_turn_tasks" counts those
+    tasks, whose multi-turn renderings count in "demos/too_long" when too long)."""
     from cuda_agent.corpus import demo_messages, demos_for
 
     ws = cfg.stages.warm_start
@@ -101,7 +102,7 @@ def demo_sequences(cfg, chat, train_tasks, fmt: str, composed_tasks=()) -> tuple
                             r.loss_mask.astype(np.uint8), np.zeros(len(r.ids), np.float32)))
     return out, {"demos/sequences": len(out), "demos/too_long": too_long,
                  "demos/tasks": len({s.episode_id.split('-')[1] for s in out}),
-                 "demos/composed_tasks": len(composed), "demos/composed_multi_turn": len(both)}
+                 "demos/composed_tasks": len(composed), "demos/composed_multi_turn_tasks": len(both)}
 
 
 def repair_sequences(cfg, chat, trajs, tasks, fmt: str) -> tuple[list[_Seq], dict]:

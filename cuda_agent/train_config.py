@@ -156,14 +156,14 @@ class WarmStartSpec:
     composed_tasks: int = 0
     """Extra warm-start tasks composed for the run (cuda_agent.corpus.composed_tasks: the demonstration family's
     operators, never an evaluation task's operator chain), each with its demonstration of `variants`, rendered
-    single-turn only; they are not rollout tasks. Many fresh compositions instead of many epochs over a few hundred
+    single-turn (and multi-turn too: composed_multi_turn); they are not rollout tasks. Many fresh compositions instead of many epochs over a few hundred
     tasks: a small model then learns the translation instead of memorising the tasks."""
     composed_multi_turn: float = 0.0
     """Fraction (0-1) of the composed tasks also rendered as multi-turn chats (the agent loop's system prompt and
-    tool syntax; cuda_agent.corpus.demo_messages), the first that many in their composed order. 0 = single-turn
-    only: the multi-turn prompt then has only the training tasks' demonstrations (a few hundred). With 1, the agent
-    loop's held-out pass rate did not change (one seed; its first reply was as good as a single reply either way:
-    benchmarks/RESULTS.md, session 30)."""
+    tool syntax; cuda_agent.corpus.demo_messages): the first round(fraction x composed_tasks) of them (Python's
+    round: half to even) in their composed order. 0 = single-turn only: the multi-turn prompt then has only the
+    training tasks' demonstrations (a few hundred). With 1, one seed's agent-loop held-out pass rate was 5.5 points
+    higher, within the noise of two warm starts (benchmarks/RESULTS.md, session 30)."""
 
     def __post_init__(self) -> None:
         _at_least(self, "stages.warm_start", steps=0, batch_rows=1, max_seq_len=16, lr=0, warmup_steps=0,

@@ -222,11 +222,12 @@ class SandboxConfig:
     running is refused: a thread of its own could run work where no clock looks. Linux x86_64 / aarch64; elsewhere
     logged and skipped. The CUDA backend: thread_filter_cuda."""
     thread_filter_cuda: bool = True
-    """The same filter on the CUDA backend (before the import for the formats the sandbox builds, after the load for
-    a load_inline solution), where no CPU-time check looks and a native thread could launch GPU work between timed
-    calls (tests/integrity/solutions/gpu_ext_overlap). On by default since session 30, when its gpu tests
-    (tests/integrity/test_integrity_red5.py, tests/sandbox/test_sandbox_gpu.py) and the rest of the gpu suite ran
-    with it on, on an H100."""
+    """The same filter on the CUDA backend, also with cpu_threads 1 only (torch's intra-op pool would start threads
+    after the import; with more, the hole below is open): before the import for the formats the sandbox builds,
+    after the load for a load_inline solution, where no CPU-time check looks and a native thread could launch GPU
+    work between timed calls (tests/integrity/solutions/gpu_ext_overlap). On by default since session 30, when its
+    gpu tests (tests/integrity/test_integrity_red5.py, tests/sandbox/test_sandbox_gpu.py) and the rest of the gpu
+    suite ran with it on, on an H100."""
 
     # --- threads
     cpu_threads: int = 1

@@ -362,8 +362,9 @@ class CandidateProcess:
         self.idle_cpu_s = 0.0  # CPU the candidate's process tree used while it had no request (see request)
         # sandbox.thread_filter: asked for in `setup` (SandboxConfig.thread_filter / thread_filter_cuda); `filtered`
         # once it is on (a death by SIGSYS is then a thread, process or timer the solution started)
-        self.thread_filter = (cfg.thread_filter_cuda if device.startswith("cuda")
-                              else cfg.thread_filter and cfg.cpu_threads == 1)
+        # (one intra-op thread on either backend: with more, torch's own pool starts threads after the import)
+        self.thread_filter = (cfg.thread_filter_cuda if device.startswith("cuda") else cfg.thread_filter) \
+            and cfg.cpu_threads == 1
         self.filter_mode = ""  # set by `setup`: "before_import", or "after_load" for a load_inline solution
         self.filtered = False
         self._idle_mark: float | None = None

@@ -74,7 +74,8 @@ def test_fresh_rollout_compositions_are_unseen_chains(local):
 
 def test_composed_tasks_rendered_multi_turn_by_fraction(local):
     """stages.warm_start.composed_multi_turn: the first fraction of the composed tasks also get the multi-turn
-    rendering (the agent loop's prompt), the rest single-turn only; the training tasks always both."""
+    rendering (the agent loop's prompt), the rest single-turn only; the training tasks always both. (One
+    demonstration per task: the local preset's variants are [compact].)"""
     from cuda_agent.corpus import composed_tasks
     from cuda_agent.stage_worker import demo_sequences
 
@@ -82,14 +83,15 @@ def test_composed_tasks_rendered_multi_turn_by_fraction(local):
     train = train[:6]
     comp = composed_tasks(10, 0, ev)
     counts = {}
-    for frac in (0.0, 0.3, 1.0):
+    for frac in (0.0, 0.25, 0.3, 1.0):
         c = load_config(TrainConfig, CONFIGS / "local.yaml", [f"stages.warm_start.composed_multi_turn={frac}"])
         seqs, info = demo_sequences(c, chat, train, "cpu", comp)
         multi = sorted(s.episode_id.split("-")[1] for s in seqs if s.episode_id.endswith("-multi_turn"))
-        counts[frac] = (len(seqs), multi, info["demos/composed_multi_turn"])
+        counts[frac] = (len(seqs), multi, info["demos/composed_multi_turn_tasks"])
     demo_train = {t.id for t, _ in demos_for(train, "cpu", tuple(cfg.stages.warm_start.variants))}
     assert counts[0.0][1] == sorted(demo_train) and counts[0.0][2] == 0
     assert counts[0.3][1] == sorted(demo_train | {t.id for t in comp[:3]}) and counts[0.3][2] == 3
+    assert counts[0.25][2] == 2  # round(2.5): half to even, as the docstring says
     assert counts[1.0][2] == 10 and counts[1.0][0] == counts[0.0][0] + 10
     with pytest.raises(ValueError, match="composed_multi_turn must be in"):
         load_config(TrainConfig, None, ["stages.warm_start.composed_multi_turn=1.5"])

@@ -29,7 +29,9 @@ def gpu_config(tmp, **kw) -> SandboxConfig:
 def gpu_evaluator(tmp_path_factory):
     from sandbox.evaluator import Evaluator
 
-    ev = Evaluator(gpu_config(tmp_path_factory.mktemp("gpu")))
+    # the thread filter off (thread_filter_cuda is on by default): filtered_evaluator covers the default, so the
+    # corpus's verdicts are checked both ways
+    ev = Evaluator(gpu_config(tmp_path_factory.mktemp("gpu"), thread_filter_cuda=False))
     yield ev
     ev.close()
 

@@ -175,6 +175,25 @@ def test_the_filter_goes_on_before_the_import_unless_the_load_builds(tmp_path):
     assert _has_extension_module(None) is False and _has_extension_module(str(tmp_path / "missing.json")) is False
 
 
+@pytest.mark.parametrize("device,flags,asked", [
+    ("cpu", {}, True), ("cpu", {"cpu_threads": 2}, False), ("cpu", {"thread_filter": False}, False),
+    ("cuda", {}, True), ("cuda", {"cpu_threads": 2}, False), ("cuda", {"thread_filter_cuda": False}, False),
+    ("cuda", {"thread_filter": False}, True)])
+def test_which_candidates_ask_for_the_filter(tmp_path, device, flags, asked):
+    """CandidateProcess.thread_filter: the CPU backend's flag (thread_filter) or the CUDA backend's
+    (thread_filter_cuda, on by default), and on both only with one intra-op thread (torch's own pool would start
+    threads after the import). The process is killed at once: only the choice is looked at."""
+    from sandbox.config import SandboxConfig
+    from sandbox.reference_worker import CandidateProcess
+
+    cfg = SandboxConfig(backend="cuda" if device == "cuda" else "cpu", work_root=str(tmp_path), **flags)
+    cand = CandidateProcess(device, cfg, namespaces=False)
+    try:
+        assert cand.thread_filter is asked
+    finally:
+        cand.kill()
+
+
 def test_works_here():
     assert thread_filter.works_here() is True
 
