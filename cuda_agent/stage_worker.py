@@ -432,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="cpu", help="solution format of the demonstrations")
     p.add_argument("--device", default="cpu", help="cpu | cuda (task sizes)")
     p.add_argument("--microbatch", type=int, default=0,
-                   help="rows per forward/backward pass (0 = all rows of a step at once: the fastest on a CPU)")
+                   help="rows per forward/backward pass (0 = all rows of a step at once; on the 2-core box 2-row "
+                        "passes of the local preset's 4-row steps were 15%% faster: benchmarks/RESULTS.md, session 30)")
     p.add_argument("--checkpoint-every-s", type=float, default=300.0,
                    help="seconds between checkpoints (0 = only at the end and on SIGTERM). By time, not steps: a "
                         "0.5B checkpoint takes about 12 s on the H200 and every 25 steps it cost more than the steps")
