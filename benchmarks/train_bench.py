@@ -68,7 +68,9 @@ def bench_sft(preset: str, steps: int) -> None:
     ws = cfg.stages.warm_start
     row_len = row_length(ws, seqs, ws.max_seq_len)
     batch, _ = pack_trajectories(seqs, row_len, rows_multiple=ws.batch_rows, pack=True)
-    micro = ws.batch_rows  # as the stage worker: every row of a step in one pass
+    micro = max(1, min(ws.microbatch_rows or ws.batch_rows, ws.batch_rows))  # as the stage worker
+    while ws.batch_rows % micro:
+        micro -= 1
     state = create_train_state(load_pretrained(folder), OptimizerConfig(lr=ws.lr, warmup_steps=1, decay_steps=100),
                                PPOConfig(minibatch_size=ws.batch_rows, microbatch_size=micro, logits_chunk_size=512))
     seq = SequenceBatch(batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask)

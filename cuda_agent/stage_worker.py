@@ -273,9 +273,10 @@ def run(args: argparse.Namespace) -> int:
     if getattr(spec, "max_epochs", 0):
         total_steps = min(spec.steps, max(1, int(np.ceil(spec.max_epochs * batch.num_rows / spec.batch_rows))))
     info[f"{stage}/planned_steps"] = total_steps
-    micro = max(1, min(args.microbatch or spec.batch_rows, spec.batch_rows))
+    micro = max(1, min(args.microbatch or getattr(spec, "microbatch_rows", 0) or spec.batch_rows, spec.batch_rows))
     while spec.batch_rows % micro:
         micro -= 1
+    info[f"{stage}/microbatch_rows"] = micro
     ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
                         gamma=cfg.learner.ppo.gamma)
     def optimizer(total: int) -> OptimizerConfig:
@@ -432,8 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="cpu", help="solution format of the demonstrations")
     p.add_argument("--device", default="cpu", help="cpu | cuda (task sizes)")
     p.add_argument("--microbatch", type=int, default=0,
-                   help="rows per forward/backward pass (0 = all rows of a step at once; on the 2-core box 2-row "
-                        "passes of the local preset's 4-row steps were 15%% faster: benchmarks/RESULTS.md, session 30)")
+                   help="rows per forward/backward pass (0 = the stage's microbatch_rows for warm_start, else all "
+                        "rows of a step at once; on the 2-core box 2-row passes of the local preset's 4-row steps "
+                        "were 15%% faster: benchmarks/RESULTS.md, session 30)")
     p.add_argument("--checkpoint-every-s", type=float, default=300.0,
                    help="seconds between checkpoints (0 = only at the end and on SIGTERM). By time, not steps: a "
                         "0.5B checkpoint takes about 12 s on the H200 and every 25 steps it cost more than the steps")

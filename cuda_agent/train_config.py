@@ -142,6 +142,10 @@ class WarmStartSpec:
     steps: int = 200
     """Optimiser steps (each `batch_rows` rows)."""
     batch_rows: int = 8
+    microbatch_rows: int = 0
+    """Rows per forward/backward pass of a step (gradients summed over the passes: the same update); 0 = all
+    `batch_rows` at once. On the 2-core CPU box 2-row passes of 4-row steps were 15% faster than one pass
+    (benchmarks/RESULTS.md, session 30). Rounded down to a divisor of batch_rows."""
     lr: float = 3e-3
     warmup_steps: int = 20
     max_seq_len: int = 4096
@@ -167,7 +171,7 @@ class WarmStartSpec:
 
     def __post_init__(self) -> None:
         _at_least(self, "stages.warm_start", steps=0, batch_rows=1, max_seq_len=16, lr=0, warmup_steps=0,
-                  row_len=0, composed_tasks=0)
+                  row_len=0, composed_tasks=0, microbatch_rows=0)
         _check(0.0 <= self.composed_multi_turn <= 1.0,
                f"stages.warm_start.composed_multi_turn must be in [0, 1], got {self.composed_multi_turn}")
         _check(self.row_len <= self.max_seq_len,

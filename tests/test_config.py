@@ -104,3 +104,11 @@ def test_model_remat_policy_is_validated_and_reaches_the_model_config():
         ModelSpec(remat_policy="dots")
     cfg = model_config(ModelSpec(remat=True, remat_policy="save_dots"), vocab_size=500)
     assert (cfg.remat, cfg.remat_policy, cfg.vocab_size) == (True, "save_dots", 512)
+
+
+def test_warm_start_microbatch_rows_is_validated():
+    from cuda_agent.train_config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"stages.warm_start.microbatch_rows must be >= 0, got -1"):
+        load_config(TrainConfig, None, ["stages.warm_start.microbatch_rows=-1"])
+    assert load_config(TrainConfig, None, ["stages.warm_start.microbatch_rows=2"]).stages.warm_start.microbatch_rows == 2

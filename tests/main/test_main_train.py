@@ -98,6 +98,8 @@ def test_smoke_run_all_stages_survives_a_sandbox_kill_and_writes_a_report(tmp_pa
     assert state["status"] == "finished"
     stages = state["stages"]
     assert stages["warm_start"]["status"] == "done" and stages["warm_start"]["steps"] >= 1
+    ws_result = json.loads((run / "learner" / "warm_start" / "result.json").read_text())
+    assert ws_result["warm_start/microbatch_rows"] == 1  # the preset's stages.warm_start.microbatch_rows
     for s in ("single_turn_ppo", "multi_turn_ppo"):
         assert stages[s]["status"] == "done", stages[s]
     for s in ("rft", "value_pretrain"):  # the smoke preset keeps every warm-up trajectory (threshold -1)
