@@ -48,7 +48,7 @@ def bench_sft(preset: str, steps: int) -> None:
     from cuda_agent.config import load_config
     from cuda_agent.corpus import composed_tasks, train_and_eval_tasks
     from cuda_agent.prepare import prepare_model
-    from cuda_agent.stage_worker import _micro, demo_sequences, row_length
+    from cuda_agent.stage_worker import _micro, demo_sequences, microbatch_rows, row_length
     from cuda_agent.train_config import TrainConfig
     from learner.batch import pack_trajectories
     from learner.chat import ChatFormat
@@ -68,9 +68,7 @@ def bench_sft(preset: str, steps: int) -> None:
     ws = cfg.stages.warm_start
     row_len = row_length(ws, seqs, ws.max_seq_len)
     batch, _ = pack_trajectories(seqs, row_len, rows_multiple=ws.batch_rows, pack=True)
-    micro = max(1, min(ws.microbatch_rows or ws.batch_rows, ws.batch_rows))  # as the stage worker
-    while ws.batch_rows % micro:
-        micro -= 1
+    micro = microbatch_rows(ws.microbatch_rows, ws.batch_rows)  # as the stage worker
     state = create_train_state(load_pretrained(folder), OptimizerConfig(lr=ws.lr, warmup_steps=1, decay_steps=100),
                                PPOConfig(minibatch_size=ws.batch_rows, microbatch_size=micro, logits_chunk_size=512))
     seq = SequenceBatch(batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask)

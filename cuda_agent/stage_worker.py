@@ -190,6 +190,15 @@ class _Stop:
         self.flag = True
 
 
+def microbatch_rows(requested: int, batch_rows: int) -> int:
+    """Rows per forward/backward pass of a `batch_rows`-row step: `requested` (0 = all of them) capped at batch_rows
+    and lowered to a divisor of it."""
+    micro = max(1, min(requested or batch_rows, batch_rows))
+    while batch_rows % micro:
+        micro -= 1
+    return micro
+
+
 def _micro(tree, idx: np.ndarray, micro: int):
     import jax
     import jax.numpy as jnp
@@ -273,9 +282,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(spec, "max_epochs", 0):
         total_steps = min(spec.steps, max(1, int(np.ceil(spec.max_epochs * batch.num_rows / spec.batch_rows))))
     info[f"{stage}/planned_steps"] = total_steps
-    micro = max(1, min(args.microbatch or getattr(spec, "microbatch_rows", 0) or spec.batch_rows, spec.batch_rows))
-    while spec.batch_rows % micro:
-        micro -= 1
+    micro = microbatch_rows(args.microbatch or getattr(spec, "microbatch_rows", 0), spec.batch_rows)
     info[f"{stage}/microbatch_rows"] = micro
     ppo_cfg = PPOConfig(minibatch_size=spec.batch_rows, microbatch_size=micro, logits_chunk_size=512,
                         gamma=cfg.learner.ppo.gamma)

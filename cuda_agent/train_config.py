@@ -160,8 +160,9 @@ class WarmStartSpec:
     composed_tasks: int = 0
     """Extra warm-start tasks composed for the run (cuda_agent.corpus.composed_tasks: the demonstration family's
     operators, never an evaluation task's operator chain), each with its demonstration of `variants`, rendered
-    single-turn (and multi-turn too: composed_multi_turn); they are not rollout tasks. Many fresh compositions instead of many epochs over a few hundred
-    tasks: a small model then learns the translation instead of memorising the tasks."""
+    single-turn (and multi-turn too: composed_multi_turn); they are not rollout tasks. Many fresh compositions
+    instead of many epochs over a few hundred tasks: a small model then learns the translation instead of
+    memorising the tasks."""
     composed_multi_turn: float = 0.0
     """Fraction (0-1) of the composed tasks also rendered as multi-turn chats (the agent loop's system prompt and
     tool syntax; cuda_agent.corpus.demo_messages): the first round(fraction x composed_tasks) of them (Python's

@@ -111,4 +111,12 @@ def test_warm_start_microbatch_rows_is_validated():
 
     with pytest.raises(ValueError, match=r"stages.warm_start.microbatch_rows must be >= 0, got -1"):
         load_config(TrainConfig, None, ["stages.warm_start.microbatch_rows=-1"])
-    assert load_config(TrainConfig, None, ["stages.warm_start.microbatch_rows=2"]).stages.warm_start.microbatch_rows == 2
+    cfg = load_config(TrainConfig, None, ["stages.warm_start.microbatch_rows=2"])
+    assert cfg.stages.warm_start.microbatch_rows == 2
+
+
+def test_microbatch_rows_divides_the_step():
+    from cuda_agent.stage_worker import microbatch_rows
+
+    assert [microbatch_rows(r, 4) for r in (0, 1, 2, 3, 4, 9)] == [4, 1, 2, 2, 4, 4]
+    assert microbatch_rows(4, 6) == 3 and microbatch_rows(0, 1) == 1
