@@ -564,8 +564,9 @@ class Worker:
             gc_off = gc.disable  # bound before any solution code of this request runs
 
             def once(inputs: tuple) -> Any:
-                # the stream the gate holds (the timer closed it there just now); kernels launched, or torch ops
-                # dispatched, on another stream: the call counts its whole wall clock (Timer.side_work)
+                # the stream the gate holds (the timer closed it there just now); kernels launched, CUDA graphs
+                # replayed (both in launch_streams) or torch ops dispatched on another stream: the call counts its
+                # whole wall clock (Timer.side_work)
                 held = current().cuda_stream if gated else None
                 before = dict(streams) if gated else None
                 out, v, g = self._call(inputs, False, held)

@@ -17,6 +17,8 @@ hack needs, at a level the solution cannot switch off:
   hooks and thread starts. Direct guards (the immediate caller must be the solution) see through the standard
   library and generated code, and through any other library frame whose code does not name the guarded function
   (a higher-order function calling what it was handed: `torch.utils._pytree.tree_map(torch.Tensor.numpy, x)`).
+- CUDA graph replays (`torch._C._CUDAGraph.replay`, wrapped): counted by the stream they go to, as launches are, so
+  the timing gate sees a graph replayed on another stream (`install_torch_wrappers`).
 - The kernels' foreign functions: the launcher hands each one (and the CUDA driver's cuLaunchKernel) to the monitor
   (KERNEL_EVENT), which keeps it and gives back a wrapper only a launch may call (the launch counts itself first),
   so no object of the process leads to a raw entry point a launch nobody counted could go through.
@@ -203,7 +205,9 @@ class Monitor:
         self._module_codes: dict[tuple, Any] = {}  # (path, size, mtime) -> the module code its source compiles to
         self._exec_callers = _trusted_exec_callers()
         self.launches: dict[str, int] = {}  # kernel name -> launches, counted from LAUNCH_EVENT (see _count_launch)
-        self.launch_streams: dict[int, int] = {}  # CUstream handle -> launches (cubin), from the same events
+        self.launch_streams: dict[int, int] = {}  # CUstream handle -> launches (cubin), from the same events, and
+        # CUDA graph replays (install_torch_wrappers; the stream read through _current_stream, bound there)
+        self._current_stream: Any = None
         self._count_code, self._launch_codes = _launch_codes()
         self._guarded_code, self._register_codes, self._runtime_codes = _runtime_codes()
         self._cpu_launch = _cpu_launch_code()
@@ -382,6 +386,10 @@ class Monitor:
                 entry, verdict = None, ("harness_tampering", "the sandbox's call event was raised outside its wrappers")
             elif entry[2] is None:
                 verdict = None
+            elif entry[2] == "graph_replay":  # counted on its stream, as a launch is (the timing gate's side-work rule)
+                verdict = None
+                stream = self._current_stream().cuda_stream
+                self.launch_streams[stream] = self.launch_streams.get(stream, 0) + 1
             elif entry[2] == "launch":  # a kernel's foreign function: only its launcher calls it
                 caller = f.f_back
                 ok = caller is not None and id(caller.f_code) in self._launch_codes
@@ -961,7 +969,8 @@ def _wrap(monitor: Monitor, orig: Any, kind: str | None, what: str, direct: bool
 def install_torch_wrappers(monitor: Monitor) -> None:
     """Refuse, when called directly by candidate code inside the harness's phases: ways around the dispatch guard
     (dispatch-mode stack and dispatch-key manipulation) and bridges that move tensor data to other libraries
-    (`Tensor.numpy`, `torch.from_numpy`, DLPack): compute done there would bypass both the guard and the kernels."""
+    (`Tensor.numpy`, `torch.from_numpy`, DLPack): compute done there would bypass both the guard and the kernels.
+    Count CUDA graph replays by the stream they go to (`launch_streams`)."""
     import torch
     import torch.utils._python_dispatch as pd
 
@@ -984,6 +993,19 @@ def install_torch_wrappers(monitor: Monitor) -> None:
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
             setattr(torch, name, _wrap(monitor, orig, "numpy_bridge", f"torch.{name}() called by the solution "
                                                                        "(compute outside its kernels)"))
+    count_graph_replays(monitor, getattr(torch._C, "_CUDAGraph", None), torch.cuda.current_stream)
+
+
+def count_graph_replays(monitor: Monitor, graph_cls: Any, current_stream: Any) -> None:
+    """Wrap `graph_cls.replay` (torch._C._CUDAGraph's: torch.cuda.CUDAGraph.replay calls it) so that the monitor
+    counts each replay in `launch_streams` under `current_stream().cuda_stream`, the stream it goes to. A graph's
+    replay launches its kernels with no launch of the launcher's and no torch op: counted like a launch, a replay on
+    another stream than the one the timing gate holds counts its call's whole wall clock (Timer.side_work). A no-op
+    when there is no such method (CPU builds of torch have the class without it) or it is wrapped already."""
+    orig = getattr(graph_cls, "replay", None) if graph_cls is not None else None
+    if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+        monitor._current_stream = current_stream
+        setattr(graph_cls, "replay", _wrap(monitor, orig, "graph_replay", "a CUDA graph's replay", direct=False))
 
 
 def install_ctypes_guards(monitor: Monitor) -> None:

@@ -33,9 +33,10 @@ What is trusted, and why:
   a gated call counts for at least its host time less `host_allowance_ms`, and for at least the host's
   release-to-synchronised time less the gate's measured latency (side-stream work that outlasts the end event);
   both events are recorded on the held stream, and a call that leaves another stream current (put back) or that
-  the harness saw put work on another stream (`side_work`: kernels launched, torch ops dispatched there) counts its
-  whole wall clock, as an expired one does: the gate holds the SMs, not the copy engines (a copy on another stream
-  runs while the host enqueues, off the clock), and the latency forgiven would be side-stream work. Gated with
+  the harness saw put work on another stream (`side_work`: kernels launched, CUDA graphs replayed, torch ops
+  dispatched there) counts its whole wall clock, as an expired one does: the gate holds the SMs, not the copy
+  engines (a copy on another stream runs while the host enqueues, off the clock), and the latency forgiven would be
+  side-stream work. Gated with
   SandboxConfig.timing_gate_flush, L2 is flushed by the gate itself after its release (its blocks zero the flush
   buffer before the start event), not before the call: what a copy engine read into L2 while the gate held the
   stream is evicted, and the flush's time is part of the gate's latency. The gate is used only on its own device

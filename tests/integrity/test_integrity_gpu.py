@@ -24,19 +24,25 @@ def _eval(ev, name):
     return res
 
 
-def test_side_stream_work_is_counted(gpu_hack_evaluator):
+@pytest.mark.parametrize("name", ["gpu_side_stream", "gpu_graph_side_stream"])
+def test_side_stream_work_is_counted(gpu_hack_evaluator, name):
+    """The honest kernel on a side stream, launched (counted by the launcher) or replayed as a CUDA graph (counted by
+    the monitor's wrapper): correct, and no faster than the honest solution's interval; or refused (-1)."""
     from integrity_lib import CORPUS
     from sandbox.files import load_solution
 
     honest = gpu_hack_evaluator.evaluate(task(), load_solution(CORPUS / "elementwise_chain" / "cubin" / "fast"), "cubin")
-    res = _eval(gpu_hack_evaluator, "gpu_side_stream")
+    res = _eval(gpu_hack_evaluator, name)
     print(f"honest: {honest.status} reward={honest.reward} {honest.message[:200]}")
     assert honest.ok and honest.timing is not None, f"honest solution: {honest.status}: {honest.message[:400]}"
     if res.ok:
+        print(f"{name} speed-up over eager {res.timing.speedup_eager} vs honest {honest.timing.speedup_eager}")
+        side = [line for line in res.log if "put work on another stream" in line]
+        assert side, f"{name}: no timed call was seen putting work on another stream: {res.log}"
         assert res.timing.speedup_eager.point <= honest.timing.speedup_eager.hi * 1.05, (
-            f"side stream {res.timing.speedup_eager} vs honest {honest.timing.speedup_eager}")
+            f"{name} {res.timing.speedup_eager} vs honest {honest.timing.speedup_eager}")
     else:
-        assert res.reward == -1, f"side stream: {res.status} reward {res.reward}: {res.message[:400]}"
+        assert res.reward == -1, f"{name}: {res.status} reward {res.reward}: {res.message[:400]}"
 
 
 def test_l2_persisting_window_through_ctypes_is_forbidden(gpu_hack_evaluator):

@@ -475,3 +475,44 @@ def test_state_snapshot_sees_a_torch_function_code_swap():
     finally:
         fn.__code__ = real
     assert snap.replaced() == []
+
+
+_GRAPH_REPLAY_PROBE = r'''
+import sys, types
+ws = sys.argv[1]
+from sandbox.integrity import Monitor, count_graph_replays
+m = Monitor.install(ws, "cubin", set(), set())
+ran = []
+class Graph:  # stands in for torch._C._CUDAGraph (a CPU build of torch has no replay)
+    def replay(self):
+        ran.append(self)
+    def capture_begin(self):
+        pass
+cur = types.SimpleNamespace(cuda_stream=7)
+count_graph_replays(m, Graph, lambda: cur)
+wrapped = Graph.replay
+count_graph_replays(m, Graph, lambda: cur)  # installed twice: wrapped once
+g = Graph()
+g.replay()
+cur.cuda_stream = 9
+g.replay()
+Graph.replay(g)
+count_graph_replays(m, None, lambda: cur)  # no such class: nothing happens
+print({"ran": len(ran), "streams": m.launch_streams, "once": Graph.replay is wrapped, "launches": m.launches,
+       "guarded": getattr(Graph.replay, "_cuda_agent_guard", False)})
+'''
+
+
+def test_monitor_counts_cuda_graph_replays_on_the_stream_they_go_to(tmp_path):
+    """A CUDA graph's replay launches kernels with no launch of the launcher's and no torch op: the monitor's wrapper
+    of torch._C._CUDAGraph.replay counts each replay in launch_streams under the current stream, so the timing gate
+    counts a call that replays a graph on another stream in full (the real class: tests/integrity/test_integrity_gpu.py,
+    gpu_graph_side_stream). The replay still runs; no kernel launch is counted for it."""
+    import ast
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _GRAPH_REPLAY_PROBE, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = ast.literal_eval(p.stdout.strip().splitlines()[-1])
+    assert out == {"ran": 3, "streams": {7: 1, 9: 2}, "once": True, "launches": {}, "guarded": True}

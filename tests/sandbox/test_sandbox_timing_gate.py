@@ -490,9 +490,10 @@ def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, 
     """A copy to pinned host memory on another stream, while the gate is held, reads the inputs into L2 again after
     the flush; a memory-bound kernel would then read them from L2 on the clock. The candidate's harness reports
     such a call (the copies are torch ops dispatched under another stream: Timer.side_work), which then counts its
-    whole wall clock. Unreported (a route the harness does not see: a CUDA graph replayed on another stream, a
-    direct cuLaunchKernel through the launcher's driver handle), the gate's own L2 flush after its release
-    (SandboxConfig.timing_gate_flush) evicts what the copies read; without it, an open hole (xfail)."""
+    whole wall clock. Unreported (the Timer's own bound, for a route the harness would not see; in the gated
+    formats launches, CUDA graph replays and torch ops are counted by stream, and the driver's symbols are refused
+    to the solution), the gate's own L2 flush after its release (SandboxConfig.timing_gate_flush) evicts what the
+    copies read; without it, an open hole (xfail)."""
     if not reported and not gate_flush:
         request.applymarker(pytest.mark.xfail(strict=False, reason="open unless SandboxConfig.timing_gate_flush: copy "
                                                                    "engines are not held by the gate"))
@@ -531,9 +532,10 @@ def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, 
 def test_side_stream_work_is_not_timed_faster_than_the_same_work_on_the_held_stream(tmp_path, reported, gate_flush,
                                                                                    request):
     """Work on another stream is counted by the release-to-synchronised time less the gate latency (upper quartile
-    + 5 us): unreported it can come out a few microseconds per call faster than on the held stream (open: xfail;
-    with the gate's L2 flush the latency, and so what is forgiven, includes the flush); reported by the harness
-    (Timer.side_work) the call counts its whole wall clock."""
+    + 5 us): unreported it can come out a few microseconds per call faster than on the held stream (open at the
+    Timer's level: xfail; with the gate's L2 flush the latency, and so what is forgiven, includes the flush);
+    reported by the harness (Timer.side_work: launches, CUDA graph replays and torch ops on another stream, as
+    tests/integrity/test_integrity_gpu.py's side-stream attacks check) the call counts its whole wall clock."""
     if not reported:
         request.applymarker(pytest.mark.xfail(strict=False, reason="open (red-team review): the latency forgiven"))
     timer, torch = _timer(tmp_path, True, timing_gate_flush=gate_flush)
