@@ -167,6 +167,10 @@ class Worker:
         timing_gate = load_gate(gate["cubin"], float(gate["timeout_ms"]), device) if self.cuda and gate else None
         self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None, timing_gate,
                            float(gate["allowance_ms"]) if gate else 0.0, gate_flush=bool(gate and gate.get("flush")))
+        # the current stream's handle as a gated call reads it (held stream, side work, the dispatch guard): through
+        # torch._C's builtins where torch has them (sandbox.timing.raw_stream_reader), else torch.cuda.current_stream
+        raw, cur = getattr(self.timer, "raw_stream", None), getattr(self.timer, "_stream", None)
+        self._stream_handle = raw if raw is not None else (None if cur is None else (lambda: cur().cuda_stream))
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({
@@ -209,11 +213,11 @@ class Worker:
         self.identities = integrity.harness_identities({
             "Worker": (self, ["torch", "runtime", "timer", "monitor", "hooks", "funcptrs", "state", "harness", "equal",
                               "guard_cls", "guard_tables", "io", "shm", "_encode", "_decode", "_dispatch", "_poison",
-                              "ws", "fmt", "device", "cuda"]),
+                              "ws", "fmt", "device", "cuda", "_stream_handle"]),
             "Timer": (self.timer, ["_perf", "_sync", "_event", "_record", "_elapsed", "_l2", "flush", "cuda", "_refs",
                                    "gate", "host_allowance_ms", "gate_latency_ms", "ungated", "_gate_flush",
                                    "_flush_at", "_flush_keep"]
-                      + (["_stream", "_set_stream"] if timing_gate is not None else [])),
+                      + (["_stream", "_set_stream", "raw_stream"] if timing_gate is not None else [])),
             "Monitor": (self.monitor, ["ws", "fmt", "_getframe", "_reference", "read_roots"]),
             # the persisting-L2 reset's driver calls and the buffer its limit query reads (a swapped _value reading
             # 0 would skip the limit's reset)
@@ -350,7 +354,7 @@ class Worker:
         if n != self._launch_mark:  # launches since the last call returned: outside forward
             self._late_launches += n - self._launch_mark
         g = self.guard_cls(poison=poison, tables=self.guard_tables, held=held,
-                           current=self.timer._stream if held is not None else None)
+                           current=self._stream_handle if held is not None else None)
         self.last_guard = g
         self.monitor.phase = "call"
         try:
@@ -559,7 +563,7 @@ class Worker:
         if fn is None:
             streams = self._launch_streams()
             gated = self.timer.gate is not None
-            current = self.timer._stream if gated else None  # bound before any solution code
+            current = self._stream_handle if gated else None  # bound before any solution code
 
             gc_off = gc.disable  # bound before any solution code of this request runs
 
@@ -567,7 +571,7 @@ class Worker:
                 # the stream the gate holds (the timer closed it there just now); kernels launched, CUDA graphs
                 # replayed (both in launch_streams) or torch ops dispatched on another stream: the call counts its
                 # whole wall clock (Timer.side_work)
-                held = current().cuda_stream if gated else None
+                held = current() if gated else None
                 before = dict(streams) if gated else None
                 out, v, g = self._call(inputs, False, held)
                 gc_off()  # a forward that switched the collector on: off again before its output is checked and copied

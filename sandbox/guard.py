@@ -64,6 +64,10 @@ def poison_(t: torch.Tensor) -> None:
         t.fill_(_INT_SENTINEL[t.dtype])
 
 
+def _current_handle() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
 class ComputeGuard(TorchDispatchMode):
     """Use as `with ComputeGuard(poison=True) as g: out = model(*inputs)`; then read `g.violations`.
 
@@ -74,12 +78,14 @@ class ComputeGuard(TorchDispatchMode):
     def __init__(self, poison: bool = False, tables: tuple[frozenset, frozenset, frozenset] | None = None,
                  held: int | None = None, current: Any = None):
         """held: the CUstream handle a gated timed call holds (sandbox.timing_gate), or None: ops dispatched while
-        another stream is torch's current one (`current()`, default torch.cuda.current_stream; the candidate worker
-        passes the one its timer captured) are counted in `side_ops` (their work would run beside the gate)."""
+        another stream is torch's current one (`current()`, a function returning the current stream's handle, int;
+        default torch.cuda.current_stream().cuda_stream; the candidate worker passes its timer's
+        sandbox.timing.raw_stream_reader, which runs no Python code a solution could rebind: code run here runs with
+        this guard off) are counted in `side_ops` (their work would run beside the gate)."""
         super().__init__()
         self.poison = poison
         self._held = held
-        self._current = (current or torch.cuda.current_stream) if held is not None else None
+        self._current = (current or _current_handle) if held is not None else None
         self.side_ops = 0
         self._allowed, self._fresh, self._poison_alloc = tables or (ALLOWED_OPS, FRESH_OPS, POISON_ALLOC)
         self._poison_fn = poison_
@@ -96,7 +102,7 @@ class ComputeGuard(TorchDispatchMode):
         name = func.overloadpacket.__name__
         qual = f"{func.namespace}::{name}"
         self.ops_seen[qual] = self.ops_seen.get(qual, 0) + 1
-        if self._held is not None and self._current().cuda_stream != self._held:
+        if self._held is not None and self._current() != self._held:
             self.side_ops += 1
         if func.namespace not in ("aten", "prim") or name not in self._allowed:
             msg = f"{qual} called inside ModelNew.forward (only allocation, view, metadata and copy ops are allowed)"

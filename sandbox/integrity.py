@@ -17,8 +17,12 @@ hack needs, at a level the solution cannot switch off:
   hooks and thread starts. Direct guards (the immediate caller must be the solution) see through the standard
   library and generated code, and through any other library frame whose code does not name the guarded function
   (a higher-order function calling what it was handed: `torch.utils._pytree.tree_map(torch.Tensor.numpy, x)`).
-- CUDA graph replays (`torch._C._CUDAGraph.replay`, wrapped): counted by the stream they go to, as launches are, so
-  the timing gate sees a graph replayed on another stream (`install_torch_wrappers`).
+- CUDA graph replays (`torch._C._CUDAGraph.replay` and `_acceleratorGraph.replay`, wrapped): counted under torch's
+  current stream, read through builtins bound before any solution code (sandbox.timing.raw_stream_reader), so the
+  timing gate sees a graph replayed on another stream (`install_torch_wrappers`).
+- While the monitor is busy (judging an event, or making a wrapper's call), it still refuses a ruled event raised
+  with a frame of the solution newer than its own (`Monitor._while_busy`): a function the monitor calls that the
+  solution rebound (os.path.realpath's helpers, a str subclass's __eq__) runs no solution code unjudged.
 - The kernels' foreign functions: the launcher hands each one (and the CUDA driver's cuLaunchKernel) to the monitor
   (KERNEL_EVENT), which keeps it and gives back a wrapper only a launch may call (the launch counts itself first),
   so no object of the process leads to a raw entry point a launch nobody counted could go through.
@@ -206,8 +210,8 @@ class Monitor:
         self._exec_callers = _trusted_exec_callers()
         self.launches: dict[str, int] = {}  # kernel name -> launches, counted from LAUNCH_EVENT (see _count_launch)
         self.launch_streams: dict[int, int] = {}  # CUstream handle -> launches (cubin), from the same events, and
-        # CUDA graph replays (install_torch_wrappers; the stream read through _current_stream, bound there)
-        self._current_stream: Any = None
+        # CUDA graph replays (count_graph_replays; the stream read through _stream_handle, bound there)
+        self._stream_handle: Any = None
         self._count_code, self._launch_codes = _launch_codes()
         self._guarded_code, self._register_codes, self._runtime_codes = _runtime_codes()
         self._cpu_launch = _cpu_launch_code()
@@ -215,6 +219,7 @@ class Monitor:
         self._kernel_names: dict[int, str] = {}  # wrapper code id -> cpu kernel name (counted where it is called)
         self.phase = "harness"  # "load" (import + construction) or "call" (forward) while candidate code runs
         self._busy = False
+        self._inner = False  # _while_busy is looking at a frame
         self._getframe = sys._getframe
         self._reference = os.path.join(self.ws, "model.py")
         self.allowed_files = {os.path.realpath(p) for p in allowed_libs if "/" in p}
@@ -316,11 +321,17 @@ class Monitor:
         if event == KERNEL_EVENT:
             self._take_kernel(args)
             return
-        if event not in _RULED or self._busy:
+        if event not in _RULED:
             return
         if event == "object.__getattr__" and (len(args) < 2 or args[1] not in _FRAME_ATTRS):
             return
         if event in ("object.__setattr__", "object.__delattr__") and (len(args) < 2 or args[1] not in _CODE_ATTRS):
+            return
+        if self._busy:
+            # f_back reads are the monitor's own stack walks: without a first frame (every way to one is a ruled
+            # event, judged here too) the solution has none to walk from
+            if not (event == "object.__getattr__" and args[1] == "f_back"):
+                self._while_busy(event)
             return
         self._busy = True
         try:
@@ -337,6 +348,36 @@ class Monitor:
         if verdict is not None:
             self.record(*verdict)
             raise IntegrityError(f"{verdict[1]} (forbidden in a solution)")
+
+    def _while_busy(self, event: str) -> None:
+        """A ruled event raised while the monitor judges or makes a call (busy): its own work and the library code it
+        calls pass unjudged, but not code of the solution's that ran there because the solution rebound something
+        the monitor calls (os.path.realpath's helpers, a str subclass's __eq__ in a set lookup, a torch._C
+        function): from inside the busy window, gc or a frame would lead it to the monitor and the originals it
+        keeps. Refused (harness_tampering) when a frame of the solution lies between the frame that raised the event
+        and the monitor's own newest frame (library frames the solution called in between, torch's or the standard
+        library's, do not hide it)."""
+        if self._inner:
+            return  # this check's own sys._getframe
+        self._inner = True
+        hit = False
+        try:
+            f = self._getframe(2)  # 0 this, 1 _hook, 2 the frame that raised the event
+            while f is not None:
+                code = f.f_code
+                if code.co_filename == _THIS_FILE:  # the monitor's frame: nothing of the solution's ran since
+                    break
+                if self._is_candidate(code):
+                    hit = True
+                    break
+                f = f.f_back
+        finally:
+            self._inner = False
+        if hit:
+            detail = f"{event} raised by the solution's code while the sandbox's monitor was busy (a function it calls "
+            detail += "was rebound to the solution's)"
+            self.record("harness_tampering", detail)
+            raise IntegrityError(f"{detail} (forbidden in a solution)")
 
     def _event_frame(self) -> Any:
         """The frame that raised the audit event being handled, for the handlers `_hook` calls directly
@@ -388,7 +429,7 @@ class Monitor:
                 verdict = None
             elif entry[2] == "graph_replay":  # counted on its stream, as a launch is (the timing gate's side-work rule)
                 verdict = None
-                stream = self._current_stream().cuda_stream
+                stream = self._stream_handle()
                 self.launch_streams[stream] = self.launch_streams.get(stream, 0) + 1
             elif entry[2] == "launch":  # a kernel's foreign function: only its launcher calls it
                 caller = f.f_back
@@ -941,6 +982,8 @@ _BYPASS_C = ("_DisableTorchDispatch", "_pop_torch_dispatch_mode", "_unset_dispat
              "_get_dispatch_mode", "_get_dispatch_stack_at", "_pop_torch_dispatch_stack")
 _BYPASS_PY = ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode", "_push_mode",
               "_get_current_dispatch_mode", "_get_current_dispatch_mode_stack")
+_THIS_FILE = __file__  # the monitor's frames (Monitor._while_busy)
+_GRAPH_CLASSES = ("_CUDAGraph", "_acceleratorGraph")  # torch.cuda.CUDAGraph's base, torch.accelerator.Graph's
 _BRIDGES_TENSOR = ("numpy", "__array__", "tolist", "__dlpack__")
 _BRIDGES_TORCH = ("from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack")
 
@@ -970,7 +1013,8 @@ def install_torch_wrappers(monitor: Monitor) -> None:
     """Refuse, when called directly by candidate code inside the harness's phases: ways around the dispatch guard
     (dispatch-mode stack and dispatch-key manipulation) and bridges that move tensor data to other libraries
     (`Tensor.numpy`, `torch.from_numpy`, DLPack): compute done there would bypass both the guard and the kernels.
-    Count CUDA graph replays by the stream they go to (`launch_streams`)."""
+    Count CUDA graph replays by the stream they go to (`launch_streams`), refuse a graph's raw handles to the
+    solution, and drop torch.cuda.graphs' references to the cuda-python bindings (where installed)."""
     import torch
     import torch.utils._python_dispatch as pd
 
@@ -993,18 +1037,37 @@ def install_torch_wrappers(monitor: Monitor) -> None:
         if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
             setattr(torch, name, _wrap(monitor, orig, "numpy_bridge", f"torch.{name}() called by the solution "
                                                                        "(compute outside its kernels)"))
-    count_graph_replays(monitor, getattr(torch._C, "_CUDAGraph", None), torch.cuda.current_stream)
+    from sandbox.timing import raw_stream_reader
+
+    handle = raw_stream_reader() or (lambda: torch.cuda.current_stream().cuda_stream)
+    for name in _GRAPH_CLASSES:
+        cls = getattr(torch._C, name, None)
+        count_graph_replays(monitor, cls, handle)
+        # a graph's raw handles are for launching it through a CUDA binding (cudaGraphLaunch), unseen by the monitor
+        for raw in ("raw_cuda_graph", "raw_cuda_graph_exec"):
+            orig = getattr(cls, raw, None) if cls is not None else None
+            if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
+                setattr(cls, raw, _wrap(monitor, orig, "ctypes", f"{raw}() called by the solution (a raw CUDA graph "
+                                                                 "handle, for a launch nobody counts)", direct=False))
+    # torch.cuda.graphs keeps the cuda-python bindings it imported, when installed (driver and runtime calls with no
+    # ctypes lookup: launches and copies nobody counts): not within reach of the solution through torch
+    graphs = sys.modules.get("torch.cuda.graphs")
+    for name in ("_cuda_driver", "_cuda_runtime"):
+        if graphs is not None and getattr(graphs, name, None) is not None:
+            setattr(graphs, name, None)
 
 
-def count_graph_replays(monitor: Monitor, graph_cls: Any, current_stream: Any) -> None:
-    """Wrap `graph_cls.replay` (torch._C._CUDAGraph's: torch.cuda.CUDAGraph.replay calls it) so that the monitor
-    counts each replay in `launch_streams` under `current_stream().cuda_stream`, the stream it goes to. A graph's
-    replay launches its kernels with no launch of the launcher's and no torch op: counted like a launch, a replay on
-    another stream than the one the timing gate holds counts its call's whole wall clock (Timer.side_work). A no-op
-    when there is no such method (CPU builds of torch have the class without it) or it is wrapped already."""
+def count_graph_replays(monitor: Monitor, graph_cls: Any, stream_handle: Any) -> None:
+    """Wrap `graph_cls.replay` (torch._C._CUDAGraph's: torch.cuda.CUDAGraph.replay calls it; _acceleratorGraph's)
+    so that the monitor counts each replay in `launch_streams` under `stream_handle()`, torch's current stream, where
+    the replay goes (sandbox.timing.raw_stream_reader: builtins only, so nothing the solution can rebind runs while
+    the monitor is busy). A graph's replay launches its kernels with no launch of the launcher's and no torch op:
+    counted like a launch, a replay on another stream than the one the timing gate holds counts its call's whole
+    wall clock (Timer.side_work). A no-op when there is no such method (CPU builds of torch have _CUDAGraph without
+    it) or it is wrapped already."""
     orig = getattr(graph_cls, "replay", None) if graph_cls is not None else None
     if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
-        monitor._current_stream = current_stream
+        monitor._stream_handle = stream_handle
         setattr(graph_cls, "replay", _wrap(monitor, orig, "graph_replay", "a CUDA graph's replay", direct=False))
 
 

@@ -60,6 +60,7 @@ FORBIDDEN = {
     "orphan": "process",
     "disk_fill": "file_write",
     "socket_exfil": "network",
+    "monitor_escape_realpath": "harness_tampering",
 }
 INCORRECT = {
     "constant_output": None,
@@ -83,6 +84,7 @@ DETAIL = {
     "own_library_reopened": "through ctypes itself",
     "direct_guard_via_torch_caller": "Tensor.numpy() called by the solution",
     "guard_bypass_via_torch_caller": "_pop_torch_dispatch_stack called by the solution",
+    "monitor_escape_realpath": "while the sandbox's monitor was busy",
 }
 
 

@@ -489,15 +489,15 @@ class Graph:  # stands in for torch._C._CUDAGraph (a CPU build of torch has no r
     def capture_begin(self):
         pass
 cur = types.SimpleNamespace(cuda_stream=7)
-count_graph_replays(m, Graph, lambda: cur)
+count_graph_replays(m, Graph, lambda: cur.cuda_stream)
 wrapped = Graph.replay
-count_graph_replays(m, Graph, lambda: cur)  # installed twice: wrapped once
+count_graph_replays(m, Graph, lambda: cur.cuda_stream)  # installed twice: wrapped once
 g = Graph()
 g.replay()
 cur.cuda_stream = 9
 g.replay()
 Graph.replay(g)
-count_graph_replays(m, None, lambda: cur)  # no such class: nothing happens
+count_graph_replays(m, None, lambda: cur.cuda_stream)  # no such class: nothing happens
 print({"ran": len(ran), "streams": m.launch_streams, "once": Graph.replay is wrapped, "launches": m.launches,
        "guarded": getattr(Graph.replay, "_cuda_agent_guard", False)})
 '''
@@ -516,3 +516,43 @@ def test_monitor_counts_cuda_graph_replays_on_the_stream_they_go_to(tmp_path):
     assert p.returncode == 0, p.stderr
     out = ast.literal_eval(p.stdout.strip().splitlines()[-1])
     assert out == {"ran": 3, "streams": {7: 1, 9: 2}, "once": True, "launches": {}, "guarded": True}
+
+
+_GRAPH_WIRING_PROBE = r'''
+import sys
+import torch
+from sandbox.integrity import Monitor, install_torch_wrappers
+m = Monitor.install(sys.argv[1], "cubin", set(), set())
+ran, where = [], [5]
+# a CUDA build's pieces on this CPU build: the graph classes' replay and the builtins the stream is read through
+for name in ("_CUDAGraph", "_acceleratorGraph"):
+    cls = getattr(torch._C, name, None)
+    if cls is not None:
+        setattr(cls, "replay", lambda self, _n=name: ran.append(_n))
+torch._C._cuda_getCurrentRawStream = lambda device: where[0] + 100 * device
+torch._C._cuda_getDevice = lambda: 0
+install_torch_wrappers(m)
+torch._C._cuda_getCurrentRawStream = lambda device: 5  # rebound after the install: not what the monitor reads
+where[0] = 8
+torch._C._CUDAGraph.replay(object())
+acc = getattr(torch._C, "_acceleratorGraph", None)
+if acc is not None:
+    acc.replay(object())
+print({"ran": ran, "streams": m.launch_streams, "acc": acc is not None})
+'''
+
+
+def test_install_torch_wrappers_counts_replays_of_every_graph_class(tmp_path):
+    """install_torch_wrappers wraps the replay of torch.cuda.CUDAGraph's C base (and torch.accelerator.Graph's,
+    where torch has it) and reads the stream through the builtins it bound at install (raw_stream_reader): a later
+    rebinding of torch._C._cuda_getCurrentRawStream does not change what is counted. On this CPU build the methods
+    and builtins are stand-ins set before the install."""
+    import ast
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _GRAPH_WIRING_PROBE, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = ast.literal_eval(p.stdout.strip().splitlines()[-1])
+    expect = ["_CUDAGraph"] + (["_acceleratorGraph"] if out["acc"] else [])
+    assert out["ran"] == expect and out["streams"] == {8: len(expect)}

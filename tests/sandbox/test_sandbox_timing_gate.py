@@ -490,8 +490,8 @@ def test_inputs_read_by_a_copy_while_held_do_not_make_the_call_faster(tmp_path, 
     """A copy to pinned host memory on another stream, while the gate is held, reads the inputs into L2 again after
     the flush; a memory-bound kernel would then read them from L2 on the clock. The candidate's harness reports
     such a call (the copies are torch ops dispatched under another stream: Timer.side_work), which then counts its
-    whole wall clock. Unreported (the Timer's own bound, for a route the harness would not see; in the gated
-    formats launches, CUDA graph replays and torch ops are counted by stream, and the driver's symbols are refused
+    whole wall clock. Unreported (the Timer's own bound, for a route the harness would not see; in the cubin
+    format launches, CUDA graph replays and torch ops are counted by stream, and the driver's symbols are refused
     to the solution), the gate's own L2 flush after its release (SandboxConfig.timing_gate_flush) evicts what the
     copies read; without it, an open hole (xfail)."""
     if not reported and not gate_flush:
