@@ -735,3 +735,46 @@ def test_gate_that_cannot_fill_an_sm_is_not_loaded(monkeypatch):
         _fake_gate(monkeypatch, _FakeLibcuda(occupancy=1))
     g = _fake_gate(monkeypatch, _FakeLibcuda(occupancy=2, slots=1536))  # 2 blocks of 768 fill 1536 slots
     assert (g.blocks, g.threads) == (264, 768)
+
+
+def test_gated_call_counts_in_full_when_the_python_stream_layer_disagrees_with_the_raw_stream(monkeypatch):
+    """The Timer reads the current stream's handle through torch._C builtins bound before the import
+    (timing.raw_stream_reader); torch.cuda.current_stream is Python a solution can make lie (rebinding
+    torch._C._cuda_getCurrentStream). A call after which the raw stream is another one than the held, or before which
+    the Python layer names another stream than the raw one, counts its whole wall clock."""
+    t, fake, gate = _fake_timer(monkeypatch, event_ms=0.001)
+    raw = [0]
+    t.raw_stream = lambda: raw[0]
+
+    def side_but_python_says_held(a):
+        fake.clock[0] += 0.0005
+        raw[0] = 9  # the real current stream moved; fake.current (the Python layer) still names the held one
+        return a
+
+    r = t.run(side_but_python_says_held, [1, 2], label="c")
+    assert r["gate_side"] == 2 and r["gated"] == 0 and r["ms_per_call"] == pytest.approx(0.8)
+    r = t.run(lambda a: a, [1, 2], label="d")  # the raw stream stays 9, the Python layer says 0: in full too
+    assert r["gate_side"] == 2 and r["gated"] == 0
+    raw[0] = 0
+    r = t.run(lambda a: a, [1, 2], label="e")  # the two agree: gated as usual
+    assert r["gated"] == 2 and r["gate_side"] == 0
+
+
+def test_guard_reads_the_stream_through_the_function_it_was_given(monkeypatch):
+    """Code run from ComputeGuard's dispatch runs with the guard off: the candidate worker hands it its timer's
+    builtin reader, and the guard then never calls torch.cuda.current_stream (which a solution could rebind)."""
+    import torch
+
+    from sandbox.guard import ComputeGuard
+
+    def rebound(device=None):
+        raise AssertionError("the guard called torch.cuda.current_stream")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", rebound)
+    x = torch.ones(4)
+    with ComputeGuard(held=3, current=lambda: 3) as g:
+        torch.empty_like(x).copy_(x)
+    assert g.side_ops == 0
+    with ComputeGuard(held=3, current=lambda: 4) as g:
+        torch.empty_like(x).copy_(x)
+    assert g.side_ops == 2
