@@ -556,3 +556,45 @@ def test_install_torch_wrappers_counts_replays_of_every_graph_class(tmp_path):
     out = ast.literal_eval(p.stdout.strip().splitlines()[-1])
     expect = ["_CUDAGraph"] + (["_acceleratorGraph"] if out["acc"] else [])
     assert out["ran"] == expect and out["streams"] == {8: len(expect)}
+
+
+_WHILE_BUSY_PROBE = r'''
+import gc, sys
+ws = sys.argv[1]
+sys.path.insert(0, ws)
+from sandbox.integrity import IntegrityError, Monitor
+m = Monitor.install(ws, "cpu", set(), set())
+import busy_mod
+out = {}
+m._busy = True  # as while the monitor judges an event or makes a wrapped call
+try:
+    gc.get_objects()  # harness code (no frame of the solution's newer than the monitor's): let through
+    out["harness"] = "passed"
+    try:
+        busy_mod.grab()  # the solution's code, run while busy (a function the monitor called, rebound)
+        out["solution"] = "passed"
+    except IntegrityError as e:
+        out["solution"] = str(e)
+finally:
+    m._busy = False
+out["kinds"] = [k for k, _ in m.violations]
+print(out)
+'''
+
+
+def test_monitor_refuses_the_solutions_events_while_busy(tmp_path):
+    """Monitor._while_busy: while the monitor is busy, a ruled event raised by a frame of the solution's (here
+    gc.get_objects, the way to the monitor and the originals it keeps) is refused as harness_tampering; the same
+    event from harness code passes."""
+    import ast
+    import subprocess
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "busy_mod.py").write_text("import gc\ndef grab():\n    return len(gc.get_objects())\n")
+    p = subprocess.run([sys.executable, "-c", _WHILE_BUSY_PROBE, str(ws)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = ast.literal_eval(p.stdout.strip().splitlines()[-1])
+    assert out["harness"] == "passed"
+    assert "raised by the solution's code while the sandbox's monitor was busy" in out["solution"]
+    assert out["kinds"] == ["harness_tampering"]
