@@ -125,28 +125,47 @@ def _plain_str(v: Any) -> str | None:
     """v as an exact str, read without calling any method v's type could override (an audit event's argument is the
     caller's object, and the monitor judges it while busy: a str or bytes subclass's __eq__, __getitem__ or decode
     would run there): str and bytes (decoded, errors replaced) and their subclasses; None for anything else."""
-    if type(v) is str:
+    t = type(v)  # never isinstance: it reads v.__class__, which v's class can make a property
+    if t is str:
         return v
-    if isinstance(v, str):
+    if issubclass(t, str):
         return str.__str__(v)
-    if isinstance(v, bytes):
+    if issubclass(t, bytes):
         return bytes.decode(v, "utf-8", "replace")
     return None
 
 
+def _plain_bytes(v: Any) -> bytes | None:
+    """v as exact bytes when it is bytes or a bytes subclass (read as _plain_str reads), else None."""
+    return bytes.__getitem__(v, slice(None)) if issubclass(type(v), bytes) else None
+
+
+def _qualname(obj: Any) -> str:
+    """A function's __qualname__, read through the function type's own descriptor; "?" for anything else (an
+    attribute read on an object of the solution's could run its code)."""
+    return _FUNC_QUALNAME.__get__(obj) if type(obj) is types.FunctionType else "?"
+
+
 _POSIX_OPEN, _POSIX_CLOSE, _POSIX_READLINK, _POSIX_GETCWD = os.open, os.close, os.readlink, os.getcwd
+_NORMPATH = getattr(__import__("posix"), "_path_normpath", None) or os.path.normpath  # C on CPython 3.11+
+_FUNC_QUALNAME = types.FunctionType.__dict__["__qualname__"]
 _O_PATH = getattr(os, "O_PATH", 0) | os.O_CLOEXEC
 
 
-def _realpath(path: str) -> str:
+def _realpath(path: str, raw: bytes | None = None) -> str:
     """The resolved absolute path of an existing `path` (an exact str), read back from /proc/self/fd after an O_PATH
     open: builtins bound at import only, so nothing a solution rebinds (os.path.realpath, posixpath's helpers,
     os.lstat) runs while the monitor judges. A path that cannot be opened is only made absolute (nothing exists
-    there to read); "" when /proc cannot be read."""
+    there to read) and normalised (a `..` climbs out lexically, as os.path.realpath's would); "" when /proc cannot
+    be read or the working directory is gone. raw: the bytes the caller opens, when it opens bytes (decoding them
+    could name another file)."""
     try:
-        fd = _POSIX_OPEN(path, _O_PATH)
+        fd = _POSIX_OPEN(raw if raw is not None else path, _O_PATH)
     except OSError:
-        return path if path.startswith("/") else _POSIX_GETCWD() + "/" + path
+        try:
+            return _NORMPATH(path if path.startswith("/") else _POSIX_GETCWD() + "/" + path)
+        except OSError:
+            return ""
     try:
         return _POSIX_READLINK(f"/proc/self/fd/{fd}")
     except OSError:
@@ -349,6 +368,8 @@ class Monitor:
         gives: the events of `_CALLER_RULED`, whose rules look at the raising frame before anything else (the import
         hook's own sys._getframe, every import), skip the walk.
         """
+        if type(event) is not str:  # sys.audit takes a str subclass too: its methods would run below
+            event = _plain_str(event) or ""
         if event == CALL_EVENT:
             self._call_original(args)
             return
@@ -367,7 +388,7 @@ class Monitor:
         if self._busy:
             # f_back reads are the monitor's own stack walks: without a first frame (every way to one is a ruled
             # event, judged here too) the solution has none to walk from
-            if not (event == "object.__getattr__" and args[1] == "f_back"):
+            if not (event == "object.__getattr__" and _plain_str(args[1]) == "f_back"):
                 self._while_busy(event)
             return
         self._busy = True
@@ -382,7 +403,7 @@ class Monitor:
                 verdict = self._judge(event, args)
         except IntegrityError:
             raise
-        except Exception:
+        except BaseException:  # noqa: BLE001 - SystemExit from the solution's object too
             # the solution's objects in the event's arguments can make a judgement fail: with the solution on the
             # stack that is a violation, not an event let through
             self._busy = False
@@ -574,7 +595,7 @@ class Monitor:
     def _genuine_module_code(self, code: Any) -> bool:
         """Whether `code` is the module code of a file outside the workspace, compiled from that file's source (what
         an import executes). Verified files are remembered by (path, size, mtime)."""
-        if not isinstance(code, types.CodeType) or code.co_name != "<module>":
+        if type(code) is not types.CodeType or code.co_name != "<module>":
             return False
         path = code.co_filename
         if not path or path.startswith(self.ws) or not path.endswith(".py"):
@@ -595,7 +616,7 @@ class Monitor:
         # seen from here: 0 _fetch... helpers: 0 helper, 1 _fetch, 2 _hook, 3 the frame calling sys.audit
         if self._candidate_on_stack(3):
             return ("introspection", "the solution asked for the sandbox's monitor")
-        if getattr(self, "_installed", False) and args and isinstance(args[0], list):
+        if getattr(self, "_installed", False) and args and type(args[0]) is list:
             args[0].append(self)
         return None
 
@@ -619,26 +640,27 @@ class Monitor:
                                          " (call-stack inspection)")
             # whoever asks (functools.singledispatch(sys._getframe) makes functools the caller): while the solution
             # runs, no frame older than its outermost one (the harness's) is handed out
-            if event == "sys._getframe" and self.phase != "harness" and args and self._harness_frame(args[0]):
+            if (event == "sys._getframe" and self.phase != "harness" and args and type(args[0]) is types.FrameType
+                    and self._harness_frame(args[0])):
                 return ("introspection", f"sys._getframe would hand out a frame of the harness "
                                          f"({os.path.basename(fn)} asked, with the solution on the stack)")
             return None
         if event == "object.__getattr__":
-            name = args[1] if len(args) > 1 else ""
+            name = _plain_str(args[1]) if len(args) > 1 else ""
             if name in _FRAME_ATTRS and self._candidate_on_stack(3):
                 return ("introspection", f"access to .{name} by the solution (frame inspection)")
             return None
         if event in ("object.__setattr__", "object.__delattr__"):
             obj = args[0] if args else None
-            name = args[1] if len(args) > 1 else ""
+            name = _plain_str(args[1]) if len(args) > 1 else ""
             # only when the solution's own frame does the write: stdlib code the solution merely imports
             # (collections.namedtuple sets __new__.__defaults__, e.g. under setuptools during load_inline) is not it
             if name in _CODE_ATTRS and self._caller_is_candidate(3):
-                return ("tampering", f"the solution replaced {name} of {getattr(obj, '__qualname__', '?')}")
+                return ("tampering", f"the solution replaced {name} of {_qualname(obj)}")
             # a new __code__ can carry any co_filename (the attribution of every rule here): refused whoever does
             # the write while the solution is on the stack (functools.update_wrapper would do it for it)
             if name == "__code__" and not self._lenient_load() and self._candidate_on_stack(3):
-                return ("dynamic_code", f"__code__ of {getattr(obj, '__qualname__', '?')} replaced while the "
+                return ("dynamic_code", f"__code__ of {_qualname(obj)} replaced while the "
                                         "solution is on the stack")
             return None
         if event in ("exec", "compile"):
@@ -703,11 +725,12 @@ class Monitor:
             path = _plain_str(args[0]) if args else ""
             if path is None:
                 return None
+            raw = _plain_bytes(args[0]) if args else None
             if _PROC_MEM.match(path) or path.startswith("/dev/mem"):
                 if self._candidate_on_stack(3):
                     return ("memory_read", f"the solution opened {path}")
                 return None
-            real = _realpath(path) if path else path
+            real = _realpath(path, raw) if path else path
             if real == self._reference and self._candidate_on_stack(3):
                 return ("reference_access", "the solution opened the reference model.py")
             mode = _plain_str(args[1]) if len(args) > 1 else "r"
@@ -1098,10 +1121,11 @@ def install_torch_wrappers(monitor: Monitor) -> None:
     if orig is not None and not getattr(orig, "_cuda_agent_guard", False):
         w = _wrap(monitor, orig, "eval_frame", "set_eval_frame")
         ef.set_eval_frame = w
-        py = sys.modules.get("torch._dynamo.eval_frame")  # imported already: its own names for it
-        for name in ("set_eval_frame", "_maybe_set_eval_frame"):
-            if py is not None and getattr(py, name, None) is orig:
-                setattr(py, name, w)
+        for modname, mod in list(sys.modules.items()):  # torch's modules imported already keep their own names for it
+            d = getattr(mod, "__dict__", None) if modname.startswith("torch") else None
+            for name in ("set_eval_frame", "_maybe_set_eval_frame"):
+                if type(d) is dict and d.get(name) is orig:
+                    d[name] = w
     from sandbox.timing import raw_stream_reader
 
     handle = raw_stream_reader() or (lambda: torch.cuda.current_stream().cuda_stream)

@@ -60,6 +60,7 @@ FORBIDDEN = {
     "orphan": "process",
     "disk_fill": "file_write",
     "socket_exfil": "network",
+    "monitor_fallback_dirfd_read": "file_access",
 }
 INCORRECT = {
     "constant_output": None,
@@ -88,7 +89,8 @@ DETAIL = {
 # its forward computing in NumPy through the originals the monitor keeps): now each fails (-1) without a result
 MONITOR_ESCAPES = ["monitor_escape_realpath", "monitor_escape_bool_arg", "monitor_escape_bytes_path",
                    "monitor_escape_c_compose", "monitor_escape_eval_frame", "monitor_escape_frame_locals",
-                   "monitor_escape_integrity_frame"]
+                   "monitor_escape_integrity_frame", "monitor_escape_class_prop", "monitor_escape_dynamo_alias",
+                   "monitor_escape_base_exception"]
 
 
 @pytest.mark.parametrize("name", sorted(FORBIDDEN))
