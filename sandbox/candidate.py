@@ -167,10 +167,9 @@ class Worker:
         timing_gate = load_gate(gate["cubin"], float(gate["timeout_ms"]), device) if self.cuda and gate else None
         self.timer = Timer(self.cuda, l2_flush_buffer(flush_bytes, device) if self.cuda else None, timing_gate,
                            float(gate["allowance_ms"]) if gate else 0.0, gate_flush=bool(gate and gate.get("flush")))
-        # the current stream's handle as a gated call reads it (held stream, side work, the dispatch guard): through
-        # torch._C's builtins where torch has them (sandbox.timing.raw_stream_reader), else torch.cuda.current_stream
-        raw, cur = getattr(self.timer, "raw_stream", None), getattr(self.timer, "_stream", None)
-        self._stream_handle = raw if raw is not None else (None if cur is None else (lambda: cur().cuda_stream))
+        # the current stream's handle as a gated call reads it (held stream, side work, the dispatch guard): the
+        # timer's sandbox.timing.raw_stream_reader (None without a gate)
+        self._stream_handle = self.timer.raw_stream
         self.state = StateSnapshot(_SNAPSHOT_TEMPLATE[0] if _SNAPSHOT_TEMPLATE else None)
         W = type(self)
         self.harness = HarnessSnapshot({

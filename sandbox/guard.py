@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sandbox.timing import raw_stream_reader
+
 POISON_ALLOC = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 ALLOC_OPS = POISON_ALLOC | frozenset({
@@ -64,10 +66,6 @@ def poison_(t: torch.Tensor) -> None:
         t.fill_(_INT_SENTINEL[t.dtype])
 
 
-def _current_handle() -> int:
-    return torch.cuda.current_stream().cuda_stream
-
-
 class ComputeGuard(TorchDispatchMode):
     """Use as `with ComputeGuard(poison=True) as g: out = model(*inputs)`; then read `g.violations`.
 
@@ -79,13 +77,12 @@ class ComputeGuard(TorchDispatchMode):
                  held: int | None = None, current: Any = None):
         """held: the CUstream handle a gated timed call holds (sandbox.timing_gate), or None: ops dispatched while
         another stream is torch's current one (`current()`, a function returning the current stream's handle, int;
-        default torch.cuda.current_stream().cuda_stream; the candidate worker passes its timer's
-        sandbox.timing.raw_stream_reader, which runs no Python code a solution could rebind: code run here runs with
-        this guard off) are counted in `side_ops` (their work would run beside the gate)."""
+        default sandbox.timing.raw_stream_reader(), which runs no Python code a solution could rebind: code run here
+        runs with this guard off) are counted in `side_ops` (their work would run beside the gate)."""
         super().__init__()
         self.poison = poison
         self._held = held
-        self._current = (current or _current_handle) if held is not None else None
+        self._current = (current or raw_stream_reader()) if held is not None else None
         self.side_ops = 0
         self._allowed, self._fresh, self._poison_alloc = tables or (ALLOWED_OPS, FRESH_OPS, POISON_ALLOC)
         self._poison_fn = poison_

@@ -1128,7 +1128,7 @@ def install_torch_wrappers(monitor: Monitor) -> None:
                     d[name] = w
     from sandbox.timing import raw_stream_reader
 
-    handle = raw_stream_reader() or (lambda: torch.cuda.current_stream().cuda_stream)
+    handle = raw_stream_reader()
     for name in _GRAPH_CLASSES:
         cls = getattr(torch._C, name, None)
         count_graph_replays(monitor, cls, handle)

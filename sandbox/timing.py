@@ -64,17 +64,17 @@ def time_calls(fn: Callable[..., Any], args: tuple, calls: int, cuda: bool,
     return t.run(lambda a: fn(*a), [args] * calls)["ms_per_call"]
 
 
-def raw_stream_reader() -> Callable[[], int] | None:
+def raw_stream_reader() -> Callable[[], int]:
     """A function that returns torch's current CUDA stream on the current device as a CUstream handle (int), read
     through the builtins torch._C._cuda_getCurrentRawStream and torch._C._cuda_getDevice as they are now: no Python
     code runs in a read, so a solution that later rebinds torch.cuda.current_stream, torch._C._cuda_getCurrentStream
     or their helpers does not change what it returns (the harness reads the stream where a solution's code could
-    otherwise run: inside the dispatch guard, while the monitor is busy, around a gated call). None on a build of
-    torch without CUDA."""
+    otherwise run: inside the dispatch guard, while the monitor is busy, around a gated call). On a build of torch
+    without those builtins (CPU builds), torch.cuda.current_stream().cuda_stream, looked up at each call."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     dev = getattr(torch._C, "_cuda_getDevice", None)
     if raw is None or dev is None:
-        return None
+        return lambda: torch.cuda.current_stream().cuda_stream
     return lambda: raw(dev())
 
 
@@ -375,7 +375,7 @@ class Timer:
             handle = held.cuda_stream
             # the stream torch really has current: a Python layer that says otherwise (a solution's rebinding of
             # torch.cuda's helpers) makes the call count in full
-            lied = raw is not None and raw() != handle
+            lied = raw() != handle
             gate.close(handle, *gflush)  # with gflush, L2 is flushed after the release, before the start event
             rec(s, held)
             b["setup"] += perf() - ts
@@ -387,8 +387,7 @@ class Timer:
             finally:
                 t1 = perf()
                 gate.open()  # whatever fn did, the stream is not left held
-                now = raw() if raw is not None else stream().cuda_stream
-                if now != handle or lied:  # fn left another stream current: put back, and counted in full
+                if raw() != handle or lied:  # fn left another stream current: put back, and counted in full
                     set_stream(held)
                     moved = True
             moved = moved or self._side

@@ -1,4 +1,5 @@
-"""Escaping the monitor through isinstance: an "open" audit event (sys.audit) with a path object whose class defines `__class__` as a
+"""Escaping the monitor through isinstance: an "open" audit event (sys.audit) with a path object whose class defines
+`__class__` as a
 property with a C-level getter (functools.partial(dict.fromkeys, map(S.append, map(gc.get_objects, [None])))).
 Monitor._judge reads the "open" event's path with _plain_str, whose isinstance(v, str) looks up v.__class__ when
 the type check fails (CPython's object_isinstance): gc.get_objects runs while busy, its newest Python frame

@@ -1,4 +1,6 @@
-"""torch._dynamo.decorators binds every name of torch._C._dynamo.eval_frame in its globals at import (the original set_eval_frame, which install_torch_wrappers does not replace there). Otherwise as monitor_escape_eval_frame: torch._C._dynamo.eval_frame.set_eval_frame(callback) makes CPython hand every
+"""torch._dynamo.decorators binds every name of torch._C._dynamo.eval_frame in its globals at import (the original
+set_eval_frame, which install_torch_wrappers did not replace there at first). Otherwise as monitor_escape_eval_frame:
+torch._C._dynamo.eval_frame.set_eval_frame(callback) makes CPython hand every
 Python frame evaluated afterwards to the callback (torch's _PyInterpreterFrame: f_code, f_locals, no audit event).
 The next frame the harness evaluates is the monitor's own hook (an audit event the solution raises: a torch op's
 import, an open of a workspace file...), whose f_locals hold `self`, the Monitor. The callback is removed again.
